@@ -1,0 +1,60 @@
+"""Turnstile: fair leased locks, semaphores and keyed FIFO queues for stateless workers.
+
+    import turnstile
+    client = turnstile.connect()                 # $TURNSTILE_URL, else sqlite:///turnstile.db
+    with client.lock("order:42", ttl=30).acquire(timeout=60) as lease:
+        ...                                       # lease.token fences writes; auto-renewed
+
+The async API mirrors every name under :mod:`turnstile.aio`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
+from ._core.validate import MAX_NAME_BYTES
+from ._sync.client import Client
+from ._sync.client import connect as _connect
+from ._sync.semaphore import Lease, Lock, Semaphore, Ticket
+from .errors import (
+    AcquireTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    InvalidArgument,
+    LeaseLost,
+    NotSupported,
+    TurnstileError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "AcquireTimeout",
+    "BackendUnavailable",
+    "Characteristics",
+    "Client",
+    "ConfigurationError",
+    "HolderInfo",
+    "InvalidArgument",
+    "Lease",
+    "LeaseLost",
+    "Lock",
+    "NotSupported",
+    "Semaphore",
+    "Status",
+    "Ticket",
+    "TurnstileError",
+    "WaiterInfo",
+    "__version__",
+    "connect",
+]
+
+
+def connect(url: str | None = None, **options: Any) -> Client:
+    """Open a client for ``url``: ``memory://``, ``sqlite:///path``, ``redis://…``,
+    ``redis+cluster://…``, ``postgresql://…``. Without a URL: ``$TURNSTILE_URL``, else
+    ``sqlite:///turnstile.db``. Fails at once, naming the fix, on an unknown scheme, a missing
+    optional driver or an unreachable server."""
+    return _connect(url, **options)

@@ -1,0 +1,1 @@
+"""Backends: one module per store, each implementing :class:`~.base.AsyncBackend`."""

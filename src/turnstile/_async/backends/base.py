@@ -1,0 +1,57 @@
+"""The narrow protocol every backend implements: a handful of atomic operations.
+
+Primitives (:mod:`..semaphore`) are algorithms over this protocol and never see a driver.
+Each operation is atomic on the store and judged by the store's clock. Semantics are those
+of the reference state machine :mod:`turnstile._core.model`; the contract suite
+(``tests/contract``) holds every backend to them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..._core.models import AcquireResult, Characteristics, Grant, Status
+
+
+class AsyncWaiter(Protocol):
+    """A wake-up channel for one waiting ``(name, holder)``, armed *before* the acquire step
+    that may leave it waiting, so no hand-over signal can be missed."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Block until woken or ``timeout`` seconds pass. True if woken."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class AsyncBackend(Protocol):
+    characteristics: Characteristics
+
+    async def acquire(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> AcquireResult:
+        """Hold, join the line, or keep one's place (model.acquire). Idempotent per holder.
+        Waking the waiters this step granted on others' behalf is part of the operation."""
+        ...
+
+    async def release(self, name: str, holder: str, token: int | None) -> bool:
+        """model.release, then wake whoever was granted."""
+        ...
+
+    async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
+        """model.renew: ``None`` means the lease is gone (lost)."""
+        ...
+
+    async def status(self, name: str) -> Status: ...
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        """Names that currently have holders or waiters, sorted, at most ``max_count``."""
+        ...
+
+    async def open_waiter(self, name: str, holder: str) -> AsyncWaiter: ...
+
+    async def ping(self) -> None:
+        """Raise BackendUnavailable if the store cannot be reached."""
+        ...
+
+    async def close(self) -> None: ...

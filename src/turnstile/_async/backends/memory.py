@@ -1,0 +1,132 @@
+"""``memory://``: the reference state machine in one process, for tests and single-process
+apps. Each ``connect("memory://")`` gets its own store; nothing is kept after close."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from urllib.parse import SplitResult
+
+from ..._core import model
+from ..._core.models import AcquireResult, Characteristics, Grant, Status
+from .. import _compat
+
+CHARACTERISTICS = Characteristics(
+    scheme="memory",
+    cross_process=False,
+    cross_host=False,
+    durable=False,
+    woken_by_store=True,
+    description="in-process memory: one process only, nothing stored",
+)
+
+
+class AsyncMemoryWaiter:
+    def __init__(self, backend: AsyncMemoryBackend, key: tuple[str, str]) -> None:
+        self._backend = backend
+        self._key = key
+        self._event = _compat.Event()
+        backend._events[key] = self._event
+
+    async def wait(self, timeout: float) -> bool:
+        woken = await _compat.wait_event(self._event, timeout)
+        self._event.clear()
+        return woken
+
+    async def close(self) -> None:
+        if self._backend._events.get(self._key) is self._event:
+            del self._backend._events[self._key]
+
+
+class AsyncMemoryBackend:
+    characteristics = CHARACTERISTICS
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        # Every state change happens under _lock, which makes each operation atomic.
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._states: dict[str, model.NameState] = {}
+        self._last_token = 0
+        self._events: dict[tuple[str, str], _compat.Event] = {}
+
+    def _next_token(self) -> int:
+        self._last_token += 1
+        return self._last_token
+
+    def _settle(self, name: str, state: model.NameState, woken: list[str]) -> None:
+        if state.empty:
+            self._states.pop(name, None)
+        for holder in woken:
+            event = self._events.get((name, holder))
+            if event is not None:
+                event.set()
+
+    async def acquire(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> AcquireResult:
+        with self._lock:
+            state = self._states.setdefault(name, model.NameState(limit=limit))
+            result, woken = model.acquire(
+                state,
+                name=name,
+                holder=holder,
+                limit=limit,
+                ttl=ttl,
+                wait_ttl=wait_ttl,
+                enqueue=enqueue,
+                now=self._clock(),
+                next_token=self._next_token,
+            )
+            self._settle(name, state, woken)
+            return result
+
+    async def release(self, name: str, holder: str, token: int | None) -> bool:
+        with self._lock:
+            state = self._states.get(name)
+            if state is None:
+                return False
+            released, woken = model.release(
+                state, holder=holder, token=token, now=self._clock(), next_token=self._next_token
+            )
+            self._settle(name, state, woken)
+            return released
+
+    async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
+        with self._lock:
+            state = self._states.get(name)
+            if state is None:
+                return None
+            return model.renew(
+                state, name=name, holder=holder, token=token, ttl=ttl, now=self._clock()
+            )
+
+    async def status(self, name: str) -> Status:
+        with self._lock:
+            state = self._states.get(name) or model.NameState()
+            return model.status(state, name=name, now=self._clock())
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        now = self._clock()
+        with self._lock:
+            live = [
+                n
+                for n, s in self._states.items()
+                if n.startswith(prefix)
+                and (any(h.expires_at > now for h in s.holders.values())
+                     or any(w.expires_at > now for w in s.waiters))
+            ]
+        return sorted(live)[:max_count]
+
+    async def open_waiter(self, name: str, holder: str) -> AsyncMemoryWaiter:
+        return AsyncMemoryWaiter(self, (name, holder))
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+async def open_backend(url: str, parts: SplitResult) -> AsyncMemoryBackend:
+    return AsyncMemoryBackend()

@@ -1,0 +1,93 @@
+"""``sqlite:///path``: the embedded default. Every process on one host that opens the same
+file shares the same locks; nothing else to run. See :mod:`turnstile.backends.sqlite_store`
+for the transactions and the wake-up channel."""
+
+from __future__ import annotations
+
+import socket
+import time
+from urllib.parse import SplitResult
+
+from ..._core.models import AcquireResult, Characteristics, Grant, Status
+from ...backends.sqlite_store import SQLiteStore, parse_path
+from .. import _compat
+
+CHARACTERISTICS = Characteristics(
+    scheme="sqlite",
+    cross_process=True,
+    cross_host=False,
+    durable=True,
+    woken_by_store=True,
+    description="embedded SQLite file: every process on one host (not across hosts or NFS)",
+)
+
+POLL_MIN = 0.001
+POLL_MAX = 0.05
+
+
+class AsyncSQLiteWaiter:
+    def __init__(self, store: SQLiteStore, name: str, holder: str) -> None:
+        self._store = store
+        self._sock: socket.socket | None = store.bind_wake_socket(name, holder)
+        if self._sock is not None:
+            _compat.prepare_socket(self._sock)
+
+    async def wait(self, timeout: float) -> bool:
+        if self._sock is not None:
+            return await _compat.recv_datagram(self._sock, timeout)
+        # No wake channel on this platform: watch the file's data_version with a backoff.
+        deadline = time.monotonic() + timeout
+        version = await _compat.run_blocking(self._store.data_version)
+        delay = POLL_MIN
+        while time.monotonic() < deadline:
+            await _compat.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            if await _compat.run_blocking(self._store.data_version) != version:
+                return True
+            delay = min(delay * 2, POLL_MAX)
+        return False
+
+    async def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+class AsyncSQLiteBackend:
+    characteristics = CHARACTERISTICS
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+
+    async def acquire(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> AcquireResult:
+        return await _compat.run_blocking(
+            self.store.acquire, name, holder, limit, ttl, wait_ttl, enqueue
+        )
+
+    async def release(self, name: str, holder: str, token: int | None) -> bool:
+        return await _compat.run_blocking(self.store.release, name, holder, token)
+
+    async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
+        return await _compat.run_blocking(self.store.renew, name, holder, token, ttl)
+
+    async def status(self, name: str) -> Status:
+        return await _compat.run_blocking(self.store.status, name)
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        return await _compat.run_blocking(self.store.names, prefix, max_count)
+
+    async def open_waiter(self, name: str, holder: str) -> AsyncSQLiteWaiter:
+        return AsyncSQLiteWaiter(self.store, name, holder)
+
+    async def ping(self) -> None:
+        await _compat.run_blocking(self.store.ping)
+
+    async def close(self) -> None:
+        self.store.close()
+
+
+async def open_backend(url: str, parts: SplitResult) -> AsyncSQLiteBackend:
+    path = parse_path(parts.path)
+    store = await _compat.run_blocking(SQLiteStore, path)
+    return AsyncSQLiteBackend(store)

@@ -1,0 +1,191 @@
+"""The client: a backend chosen by URL, and factories for the primitives."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .._core import urls, validate
+from .._core.models import Characteristics, Status
+from ..errors import ConfigurationError, InvalidArgument
+from . import _compat
+from .backends.base import AsyncBackend
+from .semaphore import AsyncLease, AsyncLock, AsyncSemaphore
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AsyncClient:
+    """A connection to one store. Cheap to share; close it when done."""
+
+    def __init__(self, backend: AsyncBackend, url: str) -> None:
+        self.backend = backend
+        self.url = urls.redact(url)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+    @property
+    def characteristics(self) -> Characteristics:
+        return self.backend.characteristics
+
+    def lock(
+        self,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        on_lost: Callable[[AsyncLease], object] | None = None,
+    ) -> AsyncLock:
+        """A fair leased lock: one holder of ``name`` at a time, in arrival order."""
+        return AsyncLock(self.backend, name, ttl, on_lost=on_lost)
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        ttl: float = 30.0,
+        *,
+        on_lost: Callable[[AsyncLease], object] | None = None,
+    ) -> AsyncSemaphore:
+        """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order."""
+        return AsyncSemaphore(self.backend, name, limit, ttl, on_lost=on_lost)
+
+    async def status(self, name: str) -> Status:
+        return await self.backend.status(validate.name(name))
+
+    async def names(self, prefix: str = "", max_count: int = 1000) -> list[str]:
+        """Names that have holders or waiters right now."""
+        if not isinstance(prefix, str):
+            raise InvalidArgument("prefix must be a string")
+        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            raise InvalidArgument("max_count must be an integer of at least 1")
+        return await self.backend.names(prefix, max_count)
+
+    def sequential(
+        self,
+        key: Callable[..., Any] | str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        prefix: str | None = None,
+    ) -> Callable[[F], F]:
+        """Run the decorated function one call at a time per key, in arrival order.
+
+        ``key`` is a callable taking the function's arguments, or the name of one of its
+        parameters. The lock name is ``prefix + str(key)``; ``prefix`` defaults to the
+        function's qualified name and ``":"``, so pass e.g. ``prefix="order:"`` to share the
+        lock with other functions."""
+        validate.ttl(ttl)
+        validate.timeout(timeout)
+        if not (callable(key) or isinstance(key, str)):
+            raise InvalidArgument("key must be a callable or the name of a parameter")
+
+        def decorate(fn: F) -> F:
+            self._check_function(fn, "sequential")
+            getter = _key_getter(fn, key)
+            base = prefix if prefix is not None else f"{fn.__module__}.{fn.__qualname__}:"
+
+            @functools.wraps(fn)
+            async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                name = base + str(getter(args, kwargs))
+                async with self.lock(name, ttl).acquire(timeout=timeout):  # unasync: async-only
+                # unasync: sync-only
+                # with self.lock(name, ttl).acquire(timeout=timeout):
+                # unasync: end
+                    return await fn(*args, **kwargs)
+
+            return wrapper  # type: ignore[return-value]
+
+        return decorate
+
+    def limited(
+        self, name: str, limit: int, *, ttl: float = 30.0, timeout: float | None = None
+    ) -> Callable[[F], F]:
+        """Run the decorated function at most ``limit`` calls at a time, across processes."""
+        sem = self.semaphore(name, limit, ttl)
+        validate.timeout(timeout)
+
+        def decorate(fn: F) -> F:
+            self._check_function(fn, "limited")
+
+            @functools.wraps(fn)
+            async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with sem.acquire(timeout=timeout):  # unasync: async-only
+                # unasync: sync-only
+                # with sem.acquire(timeout=timeout):
+                # unasync: end
+                    return await fn(*args, **kwargs)
+
+            return wrapper  # type: ignore[return-value]
+
+        return decorate
+
+    @staticmethod
+    def _check_function(fn: Any, decorator: str) -> None:
+        if not _compat.is_flavour_function(fn):
+            other = "turnstile.connect" if _compat.FLAVOUR == "async" else "turnstile.aio.connect"
+            kind = "a plain function" if _compat.FLAVOUR == "async" else "a coroutine function"
+            raise InvalidArgument(
+                f"@{decorator} of a {_compat.FLAVOUR} client cannot wrap {kind} "
+                f"({getattr(fn, '__qualname__', fn)!r}); use a client from {other}()"
+            )
+
+    async def ping(self) -> None:
+        await self.backend.ping()
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _key_getter(fn: Any, key: Callable[..., Any] | str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    if callable(key):
+        return lambda args, kwargs: key(*args, **kwargs)
+    signature = inspect.signature(fn)
+    if key not in signature.parameters:
+        raise InvalidArgument(
+            f"key={key!r} is not a parameter of {fn.__qualname__}{signature}"
+        )
+
+    def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments[key]
+
+    return get
+
+
+async def connect(url: str | None = None, **options: Any) -> AsyncClient:
+    """Open a client for ``url`` (default: ``$TURNSTILE_URL``, else
+    ``sqlite:///turnstile.db``). Fails at once, naming the fix, on an unknown scheme, a
+    missing optional driver or an unreachable server."""
+    url = urls.resolve_url(url)
+    entry, parts = urls.split(url)
+    try:
+        module = importlib.import_module(f"{__package__}.backends.{entry.module}")
+    except ImportError as exc:
+        if exc.name and exc.name.startswith("turnstile"):
+            raise ConfigurationError(
+                f"the {entry.description} backend is not available in this release"
+            ) from None
+        raise urls.missing_driver(entry, exc) from None
+    if options:
+        backend = await module.open_backend(url, parts, **options)
+    else:
+        backend = await module.open_backend(url, parts)
+    client = AsyncClient(backend, url)
+    return client

@@ -1,0 +1,382 @@
+"""Fair leased semaphores and locks, written once over the backend protocol.
+
+A :class:`AsyncLock` is an :class:`AsyncSemaphore` with ``limit=1``: one code path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from .._core import timing, validate
+from .._core.models import AcquireResult, Grant, Status
+from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
+from . import _compat
+from .backends.base import AsyncBackend
+
+log_acquire = logging.getLogger("turnstile.lock.acquire")
+log_release = logging.getLogger("turnstile.lock.release")
+log_renew = logging.getLogger("turnstile.lock.renew")
+
+
+class AsyncLease:
+    """A grant: at most ``limit`` unexpired leases exist on a name at any store instant.
+
+    Use it as a context manager to keep it renewed (every ``ttl/3``) while the block runs and
+    released when it ends. If the lease is lost anyway (the process was paused or cut off
+    past its ``ttl`` and someone else was granted the name), :attr:`lost` turns true,
+    ``on_lost`` is called, and leaving the block raises :class:`~turnstile.LeaseLost`: work
+    done in the block may have overlapped with the next holder, whose :attr:`token` is larger.
+    """
+
+    def __init__(
+        self,
+        backend: AsyncBackend,
+        grant: Grant,
+        *,
+        ttl: float,
+        local_deadline: float,
+        on_lost: Callable[[AsyncLease], object] | None = None,
+    ) -> None:
+        self._backend = backend
+        self.name = grant.name
+        self.holder = grant.holder
+        self.token = grant.token
+        self.acquired_at = grant.acquired_at
+        self.expires_at = grant.expires_at
+        self.ttl = ttl
+        # Local monotonic time by which the store will have expired this lease unless renewed.
+        # Computed from the send time of the request that set the expiry, so it is never late.
+        self._deadline = local_deadline
+        self._lost = False
+        self._released = False
+        self._on_lost = on_lost
+        self._stop = _compat.Event()
+        self._renewer: _compat.Handle | None = None
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self._released else "held"
+        return (
+            f"<Lease name={self.name!r} holder={self.holder!r} token={self.token} {state}>"
+        )
+
+    @property
+    def lost(self) -> bool:
+        """True once this holder may no longer hold the name (expired, taken over, or not
+        renewed in time). Never true while the lease is provably held."""
+        if not self._lost and not self._released and time.monotonic() >= self._deadline:
+            self._mark_lost("its ttl passed without a successful renewal")
+        return self._lost
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left before the lease expires unless renewed (local, conservative)."""
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _mark_lost(self, why: str) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        log_renew.warning("lease on %r (token %d) lost: %s", self.name, self.token, why)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:  # a user callback must not kill the renewer
+                log_renew.exception("on_lost callback failed")
+
+    async def renew(self, ttl: float | None = None) -> None:
+        """Extend the lease to ``ttl`` (default: its own) from now, on the store's clock.
+
+        Raises :class:`~turnstile.LeaseLost` if the lease is gone (expired and possibly taken
+        over, or released)."""
+        new_ttl = self.ttl if ttl is None else validate.ttl(ttl)
+        if self._lost or self._released:
+            raise LeaseLost(f"lease on {self.name!r} (token {self.token}) is no longer held")
+        sent = time.monotonic()
+        grant = await self._backend.renew(self.name, self.holder, self.token, new_ttl)
+        if grant is None:
+            self._mark_lost("the store no longer has it")
+            raise LeaseLost(
+                f"lease on {self.name!r} (token {self.token}) expired or was taken over"
+            )
+        self.ttl = new_ttl
+        self.expires_at = grant.expires_at
+        self._deadline = sent + new_ttl
+
+    async def release(self) -> bool:
+        """Give the lease back and hand it to the next waiter. Idempotent; a stale lease can
+        never release a newer grant. Returns whether this call released it."""
+        self._stop.set()
+        if self._renewer is not None:
+            await _compat.join(self._renewer)
+            self._renewer = None
+        if self._released:
+            return False
+        self._released = True
+        released = await self._backend.release(self.name, self.holder, self.token)
+        log_release.debug("released %r token %d: %s", self.name, self.token, released)
+        return released
+
+    async def _renew_loop(self) -> None:
+        while True:
+            interval = self.ttl * timing.RENEW_FRACTION
+            if await _compat.wait_event(self._stop, interval):
+                return
+            if self.lost:
+                return
+            try:
+                await self.renew()
+            except LeaseLost:
+                return
+            except BackendUnavailable as exc:
+                log_renew.warning("renewing %r failed, will retry: %s", self.name, exc)
+                # Retry sooner; once the local deadline passes, `lost` reports it.
+                if await _compat.wait_event(self._stop, min(interval / 4, self.remaining)):
+                    return
+            except Exception:  # never let the renewer die silently
+                log_renew.exception("unexpected error renewing %r", self.name)
+
+    async def __aenter__(self) -> AsyncLease:
+        if self._renewer is None and not self._released:
+            self._stop.clear()
+            self._renewer = _compat.spawn(self._renew_loop, f"turnstile-renew:{self.name}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self.lost
+        try:
+            await self.release()
+        except BackendUnavailable:
+            if exc is None and not lost:
+                raise
+        if lost and exc is None:
+            raise LeaseLost(
+                f"lease on {self.name!r} (token {self.token}) was lost while the block ran; "
+                "its work may have overlapped with a newer holder"
+            )
+
+
+@dataclass(frozen=True)
+class AsyncTicket:
+    """The answer to :meth:`AsyncSemaphore.try_acquire`.
+
+    ``acquired`` with ``lease`` set, or ``position`` in line (0 = next). Asking again with the
+    same holder keeps the place; a place not asked about within ``wait_ttl`` lapses.
+    """
+
+    acquired: bool
+    position: int | None
+    lease: AsyncLease | None
+
+
+# unasync: async-only
+class _AcquireContext:
+    """What ``acquire()`` returns in the async API: await it for a lease, or use it directly
+    as ``async with sem.acquire(timeout=5) as lease:``."""
+
+    def __init__(self, coro: Coroutine[Any, Any, AsyncLease]) -> None:
+        self._coro = coro
+        self._lease: AsyncLease | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncLease]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._coro
+        return await self._lease.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        await self._lease.__aexit__(exc_type, exc, tb)
+
+
+# unasync: end
+
+
+class AsyncSemaphore:
+    """At most ``limit`` holders of ``name`` at a time; waiters granted in arrival order.
+
+    Every grant is a lease with a ``ttl`` on the store's clock and a fencing token larger than
+    any earlier token on the name. Objects are cheap handles holding no state: create them
+    freely, from any process.
+    """
+
+    def __init__(
+        self,
+        backend: AsyncBackend,
+        name: str,
+        limit: int,
+        ttl: float = 30.0,
+        *,
+        on_lost: Callable[[AsyncLease], object] | None = None,
+    ) -> None:
+        self._backend = backend
+        self.name = validate.name(name)
+        self.limit = validate.limit(limit)
+        self.ttl = validate.ttl(ttl)
+        self._on_lost = on_lost
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} limit={self.limit} ttl={self.ttl}>"
+
+    def _lease(self, result: AcquireResult, sent: float) -> AsyncLease:
+        assert result.grant is not None
+        return AsyncLease(
+            self._backend,
+            result.grant,
+            ttl=self.ttl,
+            local_deadline=sent + (result.grant.expires_at - result.now),
+            on_lost=self._on_lost,
+        )
+
+    async def _step(self, holder: str, wait_ttl: float, enqueue: bool) -> tuple[AcquireResult, float]:
+        sent = time.monotonic()
+        result = await self._backend.acquire(
+            self.name, holder, limit=self.limit, ttl=self.ttl, wait_ttl=wait_ttl, enqueue=enqueue
+        )
+        return result, sent
+
+    async def _leave(self, holder: str) -> None:
+        # Drops our waiting entry and any grant handed to us meanwhile; harmless if neither.
+        with contextlib.suppress(BackendUnavailable):
+            await self._backend.release(self.name, holder, None)
+
+    async def _acquire(self, timeout: float | None, holder: str | None) -> AsyncLease:
+        timeout = validate.timeout(timeout)
+        holder = timing.default_holder() if holder is None else validate.holder(holder)
+        wait_ttl = timing.blocking_wait_ttl(self.ttl)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        result, sent = await self._step(holder, wait_ttl, True)
+        if result.grant is not None:
+            log_acquire.debug("acquired %r token %d at once", self.name, result.grant.token)
+            return self._lease(result, sent)
+        waiter = None
+        try:
+            if timeout != 0:
+                # Arm the wake-up channel, then look again: no hand-over can slip between.
+                waiter = await self._backend.open_waiter(self.name, holder)
+                while True:
+                    result, sent = await self._step(holder, wait_ttl, True)
+                    if result.grant is not None:
+                        log_acquire.debug("acquired %r token %d", self.name, result.grant.token)
+                        return self._lease(result, sent)
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        break
+                    delay = timing.heartbeat(wait_ttl)
+                    if result.retry_after is not None:
+                        delay = min(delay, result.retry_after + timing.EXPIRY_SLACK)
+                    if deadline is not None:
+                        delay = min(delay, deadline - now)
+                    await waiter.wait(delay)
+        except BaseException:
+            await self._leave(holder)
+            raise
+        finally:
+            if waiter is not None:
+                await waiter.close()
+        await self._leave(holder)
+        raise AcquireTimeout(
+            f"{self.name!r} was not granted within {timeout:g} s (limit {self.limit})"
+        )
+
+    # unasync: async-only
+    def acquire(self, timeout: float | None = None, holder: str | None = None) -> _AcquireContext:
+        """Wait in line for a lease (``timeout=None``: without a time limit).
+
+        Waiters are granted in the order they first asked; a waiter is woken by the store when
+        the grant is handed to it. Raises :class:`~turnstile.AcquireTimeout` (and leaves the
+        line) when ``timeout`` passes. ``holder`` defaults to an id unique to this call.
+        Await it for the lease, or use it as ``async with sem.acquire() as lease:``."""
+        return _AcquireContext(self._acquire(timeout, holder))
+
+    # unasync: end
+    # unasync: sync-only
+    # def acquire(self, timeout: float | None = None, holder: str | None = None) -> Lease:
+    #     """Wait in line for a lease (``timeout=None``: without a time limit).
+    #
+    #     Waiters are granted in the order they first asked; a waiter is woken by the store when
+    #     the grant is handed to it. Raises :class:`~turnstile.AcquireTimeout` (and leaves the
+    #     line) when ``timeout`` passes. ``holder`` defaults to an id unique to this call.
+    #     Use the lease as ``with sem.acquire() as lease:`` to keep it renewed."""
+    #     return self._acquire(timeout, holder)
+    # unasync: end
+
+    async def acquire_nowait(self, holder: str | None = None) -> AsyncLease:
+        """Take a free slot now, only if nobody is waiting; else raise
+        :class:`~turnstile.AcquireTimeout` without joining the line."""
+        holder = timing.default_holder() if holder is None else validate.holder(holder)
+        result, sent = await self._step(holder, timing.blocking_wait_ttl(self.ttl), False)
+        if result.grant is None:
+            raise AcquireTimeout(f"{self.name!r} is at its limit ({self.limit}) or has waiters")
+        return self._lease(result, sent)
+
+    async def try_acquire(self, holder: str, wait_ttl: float | None = None) -> AsyncTicket:
+        """Ask once, never block: hold, or join the line (first call) and learn the position.
+
+        Idempotent per ``holder``: asking again keeps the place and, once granted, returns the
+        same lease. The place lapses if not asked about again within ``wait_ttl`` (default:
+        the semaphore's ``ttl``). Release with :meth:`release` from any process."""
+        holder = validate.holder(holder)
+        wait = self.ttl if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
+        result, sent = await self._step(holder, wait, True)
+        if result.grant is not None:
+            return AsyncTicket(True, None, self._lease(result, sent))
+        return AsyncTicket(False, result.position, None)
+
+    async def release(self, holder: str, token: int | None = None) -> bool:
+        """Release ``holder``'s lease (only the one with ``token``, if given) and, without a
+        token, its place in line. From any process; repeating it is harmless."""
+        released = await self._backend.release(
+            self.name, validate.holder(holder), validate.token(token)
+        )
+        log_release.debug("release %r by %r: %s", self.name, holder, released)
+        return released
+
+    async def status(self) -> Status:
+        """Holders (with tokens and times) and waiters in order, on the store's clock."""
+        status = await self._backend.status(self.name)
+        if status.limit is None:
+            status = Status(status.name, self.limit, status.holders, status.waiters, status.now)
+        return status
+
+    async def locked(self) -> bool:
+        """Whether every slot is taken right now."""
+        return len((await self.status()).holders) >= self.limit
+
+
+class AsyncLock(AsyncSemaphore):
+    """At most one holder of ``name`` at a time, granted in arrival order: a semaphore with
+    ``limit=1``.
+
+    Unlike a polling lock row, a waiter is handed the lock by the release that frees it, in
+    the order waiters first asked; a crashed holder's lease lapses after ``ttl``."""
+
+    def __init__(
+        self,
+        backend: AsyncBackend,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        on_lost: Callable[[AsyncLease], object] | None = None,
+    ) -> None:
+        super().__init__(backend, name, 1, ttl, on_lost=on_lost)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} ttl={self.ttl}>"
+

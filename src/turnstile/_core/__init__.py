@@ -1,0 +1,1 @@
+"""Decisions with no I/O: validation, models, the reference state machine, URLs, timing."""

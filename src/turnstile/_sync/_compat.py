@@ -1,0 +1,62 @@
+"""The few primitives that differ between the async and the sync flavour.
+
+Hand-written twin of ``turnstile/_async/_compat.py``; everything else under ``_sync`` is
+generated from ``_async`` by ``scripts/unasync.py``. No event loop is ever run here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+FLAVOUR = "sync"
+Event = threading.Event
+Handle = threading.Thread
+sleep = time.sleep
+
+
+def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    return fn(*args, **kwargs)
+
+
+def wait_event(event: threading.Event, timeout: float) -> bool:
+    return event.wait(max(timeout, 0.0))
+
+
+def spawn(fn: Callable[[], None], name: str) -> threading.Thread:
+    thread = threading.Thread(target=fn, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def join(handle: threading.Thread) -> None:
+    if handle is not threading.current_thread():
+        handle.join()
+
+
+def is_flavour_function(fn: Any) -> bool:
+    """Whether ``fn`` can be wrapped by this flavour's decorators (plain callables)."""
+    return callable(fn) and not inspect.iscoroutinefunction(fn)
+
+
+def prepare_socket(sock: socket.socket) -> None:
+    return None
+
+
+def recv_datagram(sock: socket.socket, timeout: float) -> bool:
+    if timeout <= 0:
+        sock.setblocking(False)
+    else:
+        sock.settimeout(timeout)
+    try:
+        sock.recv(64)
+    except (TimeoutError, BlockingIOError):
+        return False
+    return True

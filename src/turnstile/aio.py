@@ -1,0 +1,61 @@
+"""The async API: every name of :mod:`turnstile`, awaited.
+
+    import turnstile.aio
+    client = await turnstile.aio.connect()
+    async with client.lock("order:42", ttl=30).acquire(timeout=60) as lease:
+        ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._async.client import AsyncClient
+from ._async.client import connect as _connect
+from ._async.semaphore import AsyncLease, AsyncLock, AsyncSemaphore, AsyncTicket
+from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
+from .errors import (
+    AcquireTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    InvalidArgument,
+    LeaseLost,
+    NotSupported,
+    TurnstileError,
+)
+
+Client = AsyncClient
+Lease = AsyncLease
+Lock = AsyncLock
+Semaphore = AsyncSemaphore
+Ticket = AsyncTicket
+
+__all__ = [
+    "AcquireTimeout",
+    "AsyncClient",
+    "AsyncLease",
+    "AsyncLock",
+    "AsyncSemaphore",
+    "AsyncTicket",
+    "BackendUnavailable",
+    "Characteristics",
+    "Client",
+    "ConfigurationError",
+    "HolderInfo",
+    "InvalidArgument",
+    "Lease",
+    "LeaseLost",
+    "Lock",
+    "NotSupported",
+    "Semaphore",
+    "Status",
+    "Ticket",
+    "TurnstileError",
+    "WaiterInfo",
+    "connect",
+]
+
+
+async def connect(url: str | None = None, **options: Any) -> AsyncClient:
+    """Async twin of :func:`turnstile.connect`."""
+    return await _connect(url, **options)

@@ -1,0 +1,1 @@
+"""Store-side code shared by both flavours: SQL files, Lua scripts, the SQLite store."""

@@ -1,0 +1,357 @@
+"""The SQLite store: every operation is one ``BEGIN IMMEDIATE`` transaction that loads a
+name's rows, runs the reference state machine (:mod:`turnstile._core.model`) and writes back
+what changed.
+
+Concurrency: WAL journal, autocommit connections (one per thread), explicit
+``BEGIN IMMEDIATE`` so writers queue on SQLite's lock instead of failing on upgrade, and our
+own fine-grained retry on ``SQLITE_BUSY`` (SQLite's built-in busy handler sleeps 1, 2, 5, 10…
+ms, far too coarse for a fast handover).
+
+Wake-up: a waiter binds a Unix datagram socket in the abstract namespace whose address is
+derived from (database, name, holder); the transaction that grants it a lease sends one
+datagram there after commit. One release wakes exactly the waiter it admitted. Where abstract
+sockets do not exist (not Linux) waiters fall back to polling ``PRAGMA data_version`` with a
+short backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import TypeVar
+
+from .._core import model
+from .._core.models import AcquireResult, Grant, Status
+from ..errors import BackendUnavailable, ConfigurationError
+
+T = TypeVar("T")
+
+ABSTRACT_SOCKETS = sys.platform.startswith("linux")
+BUSY_TIMEOUT = 30.0
+
+
+def _migrations() -> list[tuple[int, str]]:
+    folder = resources.files("turnstile.backends").joinpath("sql/sqlite/migrations")
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.read_text("utf-8")))
+    return sorted(found)
+
+
+MIGRATIONS = _migrations()
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+class SQLiteStore:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._clock = clock
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._closed = False
+        real = os.path.realpath(path)
+        self._wake_prefix = hashlib.sha256(real.encode("utf-8", "surrogatepass")).digest()
+        self._sender: socket.socket | None = None
+        self._migrate()
+
+    # -- connections and transactions ---------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise BackendUnavailable("the SQLite client is closed")
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=0, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=0")
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+        self._local.conn = conn
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+        """Run ``fn`` in one transaction, retrying briefly while another process writes."""
+        conn = self._conn()
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        delay = 0.0002
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise BackendUnavailable(f"SQLite error on {self.path!r}: {exc}") from exc
+                if time.monotonic() > deadline:
+                    raise BackendUnavailable(
+                        f"SQLite database {self.path!r} stayed locked for {BUSY_TIMEOUT:.0f} s"
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.004)
+                continue
+            try:
+                result = fn(conn)
+                conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise BackendUnavailable(f"SQLite error on {self.path!r}: {exc}") from exc
+                raise
+
+    def _migrate(self) -> None:
+        def apply(conn: sqlite3.Connection) -> None:
+            (current,) = conn.execute("PRAGMA user_version").fetchone()
+            if current > SCHEMA_VERSION:
+                raise ConfigurationError(
+                    f"{self.path!r} has Turnstile schema version {current}, newer than this "
+                    f"release understands ({SCHEMA_VERSION}); upgrade turnstile"
+                )
+            for version, script in MIGRATIONS:
+                if version > current:
+                    for statement in script.split(";\n"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {int(version)}")
+
+        self._run(apply)
+
+    def close(self) -> None:
+        self._closed = True
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        if self._sender is not None:
+            self._sender.close()
+
+    # -- state load/save ----------------------------------------------------------------
+    @staticmethod
+    def _load(conn: sqlite3.Connection, name: str) -> model.NameState:
+        row = conn.execute("SELECT lim FROM turnstile_names WHERE name = ?", (name,)).fetchone()
+        state = model.NameState(limit=row[0] if row else 1)
+        for h in conn.execute(
+            "SELECT holder, token, acquired_at, expires_at, claimed FROM turnstile_holders"
+            " WHERE name = ?",
+            (name,),
+        ):
+            state.holders[h[0]] = model.HolderRow(h[0], h[1], h[2], h[3], bool(h[4]))
+        state.waiters = [
+            model.WaiterRow(*w)
+            for w in conn.execute(
+                "SELECT holder, ttl, wait_ttl, joined_at, expires_at FROM turnstile_waiters"
+                " WHERE name = ? ORDER BY seq",
+                (name,),
+            )
+        ]
+        return state
+
+    @staticmethod
+    def _snapshot(
+        state: model.NameState,
+    ) -> tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]]:
+        holders = {
+            k: (h.token, h.acquired_at, h.expires_at, h.claimed) for k, h in state.holders.items()
+        }
+        waiters = {w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at) for w in state.waiters}
+        return state.limit, holders, waiters
+
+    def _save(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        before: tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]],
+        state: model.NameState,
+    ) -> None:
+        old_limit, old_holders, old_waiters = before
+        _, new_holders, new_waiters = self._snapshot(state)
+        for holder in old_holders.keys() - new_holders.keys():
+            conn.execute(
+                "DELETE FROM turnstile_holders WHERE name = ? AND holder = ?", (name, holder)
+            )
+        for holder, values in new_holders.items():
+            if old_holders.get(holder) != values:
+                conn.execute(
+                    "INSERT OR REPLACE INTO turnstile_holders"
+                    " (name, holder, token, acquired_at, expires_at, claimed)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (name, holder, *values),
+                )
+        for holder in old_waiters.keys() - new_waiters.keys():
+            conn.execute(
+                "DELETE FROM turnstile_waiters WHERE name = ? AND holder = ?", (name, holder)
+            )
+        for w in state.waiters:  # in line order, so new rows get increasing seq
+            values = new_waiters[w.holder]
+            old = old_waiters.get(w.holder)
+            if old is None:
+                conn.execute(
+                    "INSERT INTO turnstile_waiters"
+                    " (name, holder, ttl, wait_ttl, joined_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (name, w.holder, *values),
+                )
+            elif old != values:
+                conn.execute(
+                    "UPDATE turnstile_waiters SET ttl = ?, wait_ttl = ?, expires_at = ?"
+                    " WHERE name = ? AND holder = ?",
+                    (w.ttl, w.wait_ttl, w.expires_at, name, w.holder),
+                )
+        if state.empty:
+            conn.execute("DELETE FROM turnstile_names WHERE name = ?", (name,))
+        elif state.limit != old_limit or not (old_holders or old_waiters):
+            conn.execute(
+                "INSERT OR REPLACE INTO turnstile_names (name, lim) VALUES (?, ?)",
+                (name, state.limit),
+            )
+
+    def _token_source(self, conn: sqlite3.Connection, now: float) -> Callable[[], int]:
+        def next_token() -> int:
+            (last,) = conn.execute(
+                "SELECT value FROM turnstile_meta WHERE key = 'last_token'"
+            ).fetchone()
+            token = model.clock_token(last, now)
+            conn.execute("UPDATE turnstile_meta SET value = ? WHERE key = 'last_token'", (token,))
+            return token
+
+        return next_token
+
+    def _mutate(
+        self,
+        name: str,
+        step: Callable[[model.NameState, float, Callable[[], int]], tuple[T, list[str]]],
+    ) -> T:
+        def tx(conn: sqlite3.Connection) -> tuple[T, list[str]]:
+            now = self._clock()
+            state = self._load(conn, name)
+            before = self._snapshot(state)
+            result, woken = step(state, now, self._token_source(conn, now))
+            self._save(conn, name, before, state)
+            return result, woken
+
+        result, woken = self._run(tx)
+        for holder in woken:
+            self._signal(name, holder)
+        return result
+
+    # -- operations -----------------------------------------------------------------------
+    def acquire(
+        self, name: str, holder: str, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> AcquireResult:
+        return self._mutate(
+            name,
+            lambda state, now, tokens: model.acquire(
+                state,
+                name=name,
+                holder=holder,
+                limit=limit,
+                ttl=ttl,
+                wait_ttl=wait_ttl,
+                enqueue=enqueue,
+                now=now,
+                next_token=tokens,
+            ),
+        )
+
+    def release(self, name: str, holder: str, token: int | None) -> bool:
+        return self._mutate(
+            name,
+            lambda state, now, tokens: model.release(
+                state, holder=holder, token=token, now=now, next_token=tokens
+            ),
+        )
+
+    def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
+        def step(
+            state: model.NameState, now: float, tokens: Callable[[], int]
+        ) -> tuple[Grant | None, list[str]]:
+            return model.renew(
+                state, name=name, holder=holder, token=token, ttl=ttl, now=now
+            ), []
+
+        return self._mutate(name, step)
+
+    def status(self, name: str) -> Status:
+        return self._run(
+            lambda conn: model.status(self._load(conn, name), name=name, now=self._clock()),
+            write=False,
+        )
+
+    def names(self, prefix: str, max_count: int) -> list[str]:
+        def tx(conn: sqlite3.Connection) -> list[str]:
+            now = self._clock()
+            rows = conn.execute(
+                "SELECT name FROM turnstile_holders WHERE expires_at > ?"
+                " UNION SELECT name FROM turnstile_waiters WHERE expires_at > ?"
+                " ORDER BY 1",
+                (now, now),
+            ).fetchall()
+            return [r[0] for r in rows if r[0].startswith(prefix)][:max_count]
+
+        return self._run(tx, write=False)
+
+    def ping(self) -> None:
+        self._run(lambda conn: conn.execute("SELECT 1").fetchone(), write=False)
+
+    def data_version(self) -> int:
+        (version,) = self._conn().execute("PRAGMA data_version").fetchone()
+        return int(version)
+
+    # -- wake-up --------------------------------------------------------------------------
+    def wake_address(self, name: str, holder: str) -> bytes:
+        digest = hashlib.sha256(
+            self._wake_prefix + b"\0" + name.encode() + b"\0" + holder.encode()
+        ).hexdigest()[:40]
+        return b"\0turnstile/" + digest.encode()
+
+    def _signal(self, name: str, holder: str) -> None:
+        if not ABSTRACT_SOCKETS:
+            return
+        if self._sender is None:
+            self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sender.setblocking(False)
+        # Nobody bound (the waiter is between checks or gone): it will re-check by itself.
+        with contextlib.suppress(OSError):
+            self._sender.sendto(b"1", self.wake_address(name, holder))
+
+    def bind_wake_socket(self, name: str, holder: str) -> socket.socket | None:
+        if not ABSTRACT_SOCKETS:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(self.wake_address(name, holder))
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+
+def parse_path(path: str) -> str:
+    """``sqlite:///rel.db`` -> ``rel.db``; ``sqlite:////abs/x.db`` -> ``/abs/x.db``."""
+    if path.startswith("/"):
+        path = path[1:]
+    if not path:
+        raise ConfigurationError(
+            "sqlite URL needs a file path, e.g. sqlite:///turnstile.db or sqlite:////var/lib/t.db"
+        )
+    if path == ":memory:":
+        raise ConfigurationError(
+            "sqlite:///:memory: is private to one connection; use memory:// instead"
+        )
+    return path

@@ -1,0 +1,55 @@
+"""Every exception Turnstile raises derives from :class:`TurnstileError`.
+
+Driver exceptions (redis-py, psycopg, sqlite3) never escape a backend: they are translated at
+the backend boundary and kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AcquireTimeout",
+    "BackendUnavailable",
+    "ConfigurationError",
+    "InvalidArgument",
+    "LeaseLost",
+    "NotSupported",
+    "TurnstileError",
+]
+
+
+class TurnstileError(Exception):
+    """Root of every Turnstile error."""
+
+
+class ConfigurationError(TurnstileError):
+    """A URL, option or missing optional dependency makes the client unusable.
+
+    The message names the problem and the fix; passwords in URLs are never included.
+    """
+
+
+class InvalidArgument(TurnstileError, ValueError):
+    """An argument is outside its accepted range. The message names it and the range."""
+
+
+class BackendUnavailable(TurnstileError):
+    """The store cannot be reached or did not answer. Retrying later may succeed."""
+
+
+class AcquireTimeout(TurnstileError, TimeoutError):
+    """A grant was not obtained within ``timeout`` (``acquire_nowait``: not at once).
+
+    The caller has left the line: no waiting entry is left behind.
+    """
+
+
+class LeaseLost(TurnstileError):
+    """A lease expired or was taken over while its holder still ran.
+
+    Raised when a ``with`` block ends on a lease that was lost: whatever the block wrote to a
+    protected resource may have overlapped with a newer holder (whose fencing token is larger).
+    """
+
+
+class NotSupported(TurnstileError):
+    """The backend cannot offer this feature (see ``client.characteristics``)."""
