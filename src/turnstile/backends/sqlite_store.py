@@ -72,10 +72,14 @@ class SQLiteStore:
         if self._closed:
             raise BackendUnavailable("the SQLite client is closed")
         try:
+            # SQLite's own busy handler only while setting up (switching to WAL takes an
+            # exclusive lock for a moment when many processes open a new file at once).
             conn = sqlite3.connect(
-                self.path, timeout=0, isolation_level=None, check_same_thread=False
+                self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
             )
-            conn.execute("PRAGMA journal_mode=WAL")
+            (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+            if str(mode).lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as exc:

@@ -1,0 +1,96 @@
+"""The table of backends under test. A backend joins every contract test by adding one row.
+
+Each row turns a per-test unique id into a URL whose data is private to that test (its own
+SQLite file, Redis key prefix or PostgreSQL schema) and knows how to delete exactly that data
+afterwards. Servers are named by environment variables, which ``scripts/dev.py test`` sets
+(starting throwaway servers when none are given):
+
+    TURNSTILE_TEST_REDIS_URL          redis://127.0.0.1:6379/0
+    TURNSTILE_TEST_REDIS_CLUSTER_URL  redis+cluster://127.0.0.1:7000
+    TURNSTILE_TEST_POSTGRES_URL       postgresql://postgres@127.0.0.1:5432/postgres
+
+Without them those rows are skipped, except under ``CI=true`` where a missing server fails.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+
+def with_query(url: str, **params: str) -> str:
+    parts = urlsplit(url)
+    query = "&".join(q for q in (parts.query, urlencode(params)) if q)
+    return urlunsplit(parts._replace(query=query))
+
+
+@dataclass(frozen=True)
+class BackendRow:
+    name: str
+    env: str | None  # environment variable naming the server, None for embedded backends
+    make_url: Callable[[str, str, Path], str]  # (server url, unique id, tmp dir) -> url
+    cleanup: Callable[[str, str], None]  # (server url, unique id) -> delete the test's data
+    cross_process: bool = True
+
+    def server_url(self) -> str | None:
+        if self.env is None:
+            return ""
+        return os.environ.get(self.env) or None
+
+
+def _nothing(server: str, uid: str) -> None:
+    return None
+
+
+def _redis_cleanup(server: str, uid: str) -> None:
+    """Delete only the keys under this test's prefix."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    prefix = f"tt-{uid}:"
+    if server.startswith("redis+cluster://"):
+        client: redis.Redis = RedisCluster.from_url(  # type: ignore[assignment]
+            server.replace("redis+cluster://", "redis://", 1)
+        )
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000, target_nodes=RedisCluster.PRIMARIES))  # type: ignore[call-arg]
+    else:
+        client = redis.Redis.from_url(server)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    for key in keys:
+        client.delete(key)
+    client.close()
+
+
+def _postgres_cleanup(server: str, uid: str) -> None:
+    """Drop only this test's schema."""
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "tt_{uid}" CASCADE')
+
+
+BACKENDS: list[BackendRow] = [
+    BackendRow("memory", None, lambda s, uid, tmp: "memory://", _nothing, cross_process=False),
+    BackendRow("sqlite", None, lambda s, uid, tmp: f"sqlite:///{tmp}/turnstile-{uid}.db", _nothing),
+    BackendRow(
+        "redis",
+        "TURNSTILE_TEST_REDIS_URL",
+        lambda s, uid, tmp: with_query(s, prefix=f"tt-{uid}:"),
+        _redis_cleanup,
+    ),
+    BackendRow(
+        "redis_cluster",
+        "TURNSTILE_TEST_REDIS_CLUSTER_URL",
+        lambda s, uid, tmp: with_query(s, prefix=f"tt-{uid}:"),
+        _redis_cleanup,
+    ),
+    BackendRow(
+        "postgres",
+        "TURNSTILE_TEST_POSTGRES_URL",
+        lambda s, uid, tmp: with_query(s, schema=f"tt_{uid}"),
+        _postgres_cleanup,
+    ),
+]
