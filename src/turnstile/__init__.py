@@ -18,6 +18,7 @@ from ._sync.client import Client
 from ._sync.client import connect as _connect
 from ._sync.semaphore import Lease, Lock, Semaphore, Ticket
 from .errors import (
+    AccessDenied,
     AcquireTimeout,
     BackendUnavailable,
     ConfigurationError,
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAX_NAME_BYTES",
+    "AccessDenied",
     "AcquireTimeout",
     "BackendUnavailable",
     "Characteristics",

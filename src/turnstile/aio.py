@@ -15,6 +15,7 @@ from ._async.client import connect as _connect
 from ._async.semaphore import AsyncLease, AsyncLock, AsyncSemaphore, AsyncTicket
 from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
 from .errors import (
+    AccessDenied,
     AcquireTimeout,
     BackendUnavailable,
     ConfigurationError,
@@ -31,6 +32,7 @@ Semaphore = AsyncSemaphore
 Ticket = AsyncTicket
 
 __all__ = [
+    "AccessDenied",
     "AcquireTimeout",
     "AsyncClient",
     "AsyncLease",
