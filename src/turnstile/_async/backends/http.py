@@ -1,0 +1,326 @@
+"""``http://host:port`` and ``https://…``: a Turnstile HTTP service (``turnstile serve``) as
+the store, for hosts that cannot or should not reach Redis or PostgreSQL directly.
+
+Every protocol operation is one request to API v1; the service runs it on its own store, so
+the guarantees are that store's (the service keeps no state of its own). A blocking acquire
+waits with long polls (``/v1/semaphores/wait``) between try-acquire steps, so a hand-over
+reaches the waiter as fast as the service's store wakes the service.
+
+The bearer token comes from ``connect(url, token=…)``, else the URL's password
+(``http://:TOKEN@host:8080``; never printed), else ``$TURNSTILE_TOKEN``. A path in the URL is
+kept as the API's base (``https://proxy.example/turnstile``). Options: ``token``,
+``timeout`` (seconds per request, default 10), ``verify`` (TLS: ``False`` or a CA bundle
+path; default: the system's trust store).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from typing import Any
+from urllib.parse import SplitResult, urlunsplit
+
+import httpx
+
+from ..._core.models import (
+    AcquireResult,
+    Characteristics,
+    Grant,
+    HolderInfo,
+    Status,
+    WaiterInfo,
+)
+from ..._core.urls import redact
+from ...errors import (
+    AccessDenied,
+    AcquireTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    InvalidArgument,
+    LeaseLost,
+    NotSupported,
+)
+
+ENV_TOKEN = "TURNSTILE_TOKEN"
+DEFAULT_TIMEOUT = 10.0
+# A long poll may take its whole timeout on the service; allow this much more on the wire.
+POLL_SLACK = 10.0
+MAX_LIST = 10_000
+
+_INVALID = {"invalid_argument", "bad_json", "payload_too_large", "unsupported_media_type"}
+_DENIED = {"forbidden", "read_only", "admin_required"}
+
+
+def _error(shown: str, response: httpx.Response) -> Exception:
+    """The Turnstile exception for an error answer of the service."""
+    try:
+        body = response.json()
+        code = str(body["error"]["code"])
+        message = str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return BackendUnavailable(
+            f"the Turnstile service at {shown} answered HTTP {response.status_code} "
+            "without a Turnstile error body (a proxy in between?)"
+        )
+    if code in _INVALID:
+        return InvalidArgument(message)
+    if code == "unauthorized":
+        return ConfigurationError(
+            f"the Turnstile service at {shown} refused the token ({message}); fix: pass "
+            f"token=… to connect(), put it in the URL (http://:TOKEN@host) or set ${ENV_TOKEN}"
+        )
+    if code in _DENIED:
+        return AccessDenied(message)
+    if code == "acquire_timeout":
+        return AcquireTimeout(message)
+    if code == "lease_lost":
+        return LeaseLost(message)
+    if code in ("not_supported", "not_found", "method_not_allowed"):
+        return NotSupported(f"the Turnstile service at {shown} cannot do this: {message}")
+    return BackendUnavailable(f"the Turnstile service at {shown}: {message}")
+
+
+def _grant(data: dict[str, Any]) -> Grant:
+    return Grant(
+        data["name"],
+        data["holder"],
+        int(data["token"]),
+        float(data["acquired_at"]),
+        float(data["expires_at"]),
+    )
+
+
+class AsyncHTTPWaiter:
+    """Waits with a long poll that the service answers when the hand-over wakes it."""
+
+    def __init__(self, backend: AsyncHTTPBackend, name: str, holder: str) -> None:
+        self._backend = backend
+        self._name = name
+        self._holder = holder
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 (the protocol's)
+        timeout = min(max(0.0, timeout), self._backend.max_wait)
+        if timeout <= 0:
+            return False
+        data = await self._backend.call(
+            "POST",
+            "/v1/semaphores/wait",
+            {"name": self._name, "holder": self._holder, "timeout": timeout},
+            timeout=timeout + POLL_SLACK,
+        )
+        return bool(data["woken"])
+
+    async def close(self) -> None:
+        return None
+
+
+class AsyncHTTPBackend:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        base: str,
+        shown: str,
+        scheme: str,
+        timeout: float,
+    ) -> None:
+        self._http = http
+        self._base = base
+        self._shown = shown
+        self._timeout = timeout
+        self.max_wait = 50.0
+        self.info: dict[str, Any] = {}
+        self.characteristics = Characteristics(
+            scheme=scheme,
+            cross_process=True,
+            cross_host=True,
+            durable=False,
+            woken_by_store=True,
+            description=f"Turnstile HTTP service at {shown}",
+        )
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's, passed to httpx)
+    ) -> Any:
+        try:
+            response = await self._http.request(
+                method,
+                self._base + path,
+                json=body,
+                params=params,
+                timeout=self._timeout if timeout is None else timeout,
+            )
+        except httpx.TimeoutException as exc:
+            raise BackendUnavailable(
+                f"the Turnstile service at {self._shown} did not answer in time"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(
+                f"cannot reach the Turnstile service at {self._shown}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if response.status_code != 200:
+            raise _error(self._shown, response)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise BackendUnavailable(
+                f"the Turnstile service at {self._shown} answered something other than JSON"
+            ) from exc
+
+    async def handshake(self) -> None:
+        """Check that a Turnstile service answers and accepts the token; learn its store."""
+        try:
+            info = await self.call("GET", "/v1/info")
+        except NotSupported:
+            raise ConfigurationError(
+                f"{self._shown} does not look like a Turnstile service (no /v1/info); "
+                "check the URL (and any path behind a proxy)"
+            ) from None
+        except BackendUnavailable as exc:
+            raise BackendUnavailable(
+                f"{exc}; is `turnstile serve` running there?"
+            ) from exc.__cause__
+        if not isinstance(info, dict) or info.get("service") != "turnstile":
+            raise ConfigurationError(f"{self._shown} does not look like a Turnstile service")
+        self.info = info
+        store = info.get("backend", {})
+        self.max_wait = float(info.get("limits", {}).get("max_wait", self.max_wait))
+        self.characteristics = Characteristics(
+            scheme=self.characteristics.scheme,
+            cross_process=True,
+            cross_host=True,
+            durable=bool(store.get("durable", False)),
+            woken_by_store=bool(store.get("woken_by_store", True)),
+            description=f"Turnstile HTTP service at {self._shown} over "
+            f"{store.get('description', 'an unknown store')}",
+        )
+
+    async def acquire(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> AcquireResult:
+        data = await self.call(
+            "POST",
+            "/v1/semaphores/try-acquire",
+            {
+                "name": name,
+                "holder": holder,
+                "limit": limit,
+                "ttl": ttl,
+                "wait_ttl": wait_ttl,
+                "enqueue": enqueue,
+            },
+        )
+        lease = data.get("lease")
+        return AcquireResult(
+            _grant(lease) if lease else None,
+            data.get("position"),
+            float(data["now"]),
+            data.get("retry_after"),
+        )
+
+    async def release(self, name: str, holder: str, token: int | None) -> bool:
+        body: dict[str, Any] = {"name": name, "holder": holder}
+        if token is not None:
+            body["token"] = token
+        data = await self.call("POST", "/v1/semaphores/release", body)
+        return bool(data["released"])
+
+    async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
+        try:
+            data = await self.call(
+                "POST",
+                "/v1/semaphores/renew",
+                {"name": name, "holder": holder, "token": token, "ttl": ttl},
+            )
+        except LeaseLost:
+            return None
+        return _grant(data["lease"])
+
+    async def status(self, name: str) -> Status:
+        data = await self.call("POST", "/v1/semaphores/status", {"name": name})
+        return Status(
+            name=data["name"],
+            limit=data["limit"],
+            holders=tuple(
+                HolderInfo(h["holder"], int(h["token"]), h["acquired_at"], h["expires_at"])
+                for h in data["holders"]
+            ),
+            waiters=tuple(
+                WaiterInfo(w["holder"], int(w["position"]), w["joined_at"], w["expires_at"])
+                for w in data["waiters"]
+            ),
+            now=float(data["now"]),
+        )
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        data = await self.call(
+            "GET",
+            "/v1/names",
+            params={"prefix": prefix, "max_count": min(max_count, MAX_LIST)},
+        )
+        return list(data["names"])
+
+    async def open_waiter(self, name: str, holder: str) -> AsyncHTTPWaiter:
+        return AsyncHTTPWaiter(self, name, holder)
+
+    async def ping(self) -> None:
+        try:
+            response = await self._http.get(self._base + "/healthz", timeout=self._timeout)
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(
+                f"cannot reach the Turnstile service at {self._shown}: {type(exc).__name__}"
+            ) from exc
+        if response.status_code != 200:
+            raise _error(self._shown, response)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+async def open_backend(
+    url: str,
+    parts: SplitResult,
+    *,
+    token: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 (per request, passed to httpx)
+    verify: bool | str = True,
+) -> AsyncHTTPBackend:
+    scheme = parts.scheme.lower()
+    if not parts.hostname:
+        raise ConfigurationError(f"{redact(url)!r} names no host; e.g. http://127.0.0.1:8080")
+    if parts.query or parts.fragment:
+        raise ConfigurationError(
+            f"{redact(url)!r}: the HTTP backend takes no query or fragment; pass options "
+            "as keyword arguments of connect() (token=, timeout=, verify=)"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ConfigurationError("timeout must be a positive number of seconds")
+    secret = token or parts.password or os.environ.get(ENV_TOKEN) or None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    base = urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
+    headers = {"Accept": "application/json", "User-Agent": "turnstile-python"}
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    tls: bool | ssl.SSLContext = verify if isinstance(verify, bool) else _tls(verify)
+    http = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout)
+    backend = AsyncHTTPBackend(http, base, base, scheme, float(timeout))
+    try:
+        await backend.handshake()
+    except BaseException:
+        await http.aclose()
+        raise
+    return backend
+
+
+def _tls(cafile: str) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot load the CA bundle {cafile!r}: {exc}") from None
