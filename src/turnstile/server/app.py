@@ -264,7 +264,7 @@ def _json_type(value: Any) -> str:
 
 def query_int(request: Request, key: str, default: int, low: int, high: int) -> int:
     raw = request.query_params.get(key)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -272,6 +272,13 @@ def query_int(request: Request, key: str, default: int, low: int, high: int) -> 
         raise InvalidArgument(f"{key} must be an integer from {low} to {high}") from None
     if not low <= value <= high:
         raise InvalidArgument(f"{key} must be an integer from {low} to {high}, got {value}")
+    return value
+
+
+def integral(value: Any) -> Any:
+    """JSON has numbers, not ints and floats: ``5.0`` is the integer 5 (as in JSON Schema)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
     return value
 
 
@@ -334,7 +341,7 @@ def lease_dict(grant: Grant, now: float) -> dict[str, Any]:
 def _limit(kind: str, body: Body) -> int:
     if kind == "locks":
         return 1
-    return validate.limit(body.required("limit"))
+    return validate.limit(integral(body.required("limit")))
 
 
 def _fields(kind: str, *names: str) -> set[str]:
@@ -409,7 +416,7 @@ async def renew(ctx: Ctx, kind: str) -> Any:
     name = validate.name(body.required("name"))
     ctx.may_write(name)
     holder = validate.holder(body.required("holder"))
-    token = validate.token(body.required("token"))
+    token = validate.token(integral(body.required("token")))
     assert token is not None
     ttl = validate.ttl(body.required("ttl"))
     grant = await ctx.client.backend.renew(name, holder, token, ttl)
@@ -425,7 +432,7 @@ async def release(ctx: Ctx, kind: str) -> Any:
     name = validate.name(body.required("name"))
     ctx.may_write(name)
     holder = validate.holder(body.required("holder"))
-    token = validate.token(body.get("token"))
+    token = validate.token(integral(body.get("token")))
     released = await ctx.client.lock(name).release(holder, token)
     ctx.tracker.released(name, holder, token, released)
     return {"released": released}
@@ -580,11 +587,17 @@ Handler = Callable[[Ctx], Awaitable[Any]]
 
 
 def _endpoint(
-    service: Service, route: str, handler: Handler
+    service: Service, route: str, handler: Handler, query: frozenset[str]
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
             principal = service.authenticate(request)
+            unknown = sorted(set(request.query_params) - query)
+            if unknown:
+                raise InvalidArgument(
+                    f"unknown query parameter(s) {', '.join(map(repr, unknown))}"
+                    + (f"; accepted: {', '.join(sorted(query))}" if query else "")
+                )
             result = await handler(Ctx(request, service, principal))
             response = result if isinstance(result, Response) else JSONResponse(result)
         except Exception as exc:
@@ -614,19 +627,20 @@ def create_app(config: ServerConfig | None = None, client: AsyncClient | None = 
 
     routes: list[Route] = []
 
-    def add(path: str, handler: Handler, methods: list[str]) -> None:
-        routes.append(Route(path, _endpoint(service, path, handler), methods=methods))
+    def add(path: str, handler: Handler, methods: list[str], query: tuple[str, ...] = ()) -> None:
+        endpoint = _endpoint(service, path, handler, frozenset(query))
+        routes.append(Route(path, endpoint, methods=methods))
 
     for kind in KINDS:
         add(f"/v1/{kind}/acquire", _kind(acquire, kind), ["POST"])
         add(f"/v1/{kind}/try-acquire", _kind(try_acquire, kind), ["POST"])
         add(f"/v1/{kind}/renew", _kind(renew, kind), ["POST"])
         add(f"/v1/{kind}/release", _kind(release, kind), ["POST"])
-        add(f"/v1/{kind}/status", _kind(status, kind), ["GET", "POST"])
+        add(f"/v1/{kind}/status", _kind(status, kind), ["GET", "POST"], ("name",))
     add("/v1/semaphores/wait", _kind(wait, "semaphores"), ["POST"])
-    add("/v1/names", names, ["GET"])
+    add("/v1/names", names, ["GET"], ("prefix", "max_count"))
     add("/v1/info", info, ["GET"])
-    add("/v1/dashboard", dashboard_data, ["GET"])
+    add("/v1/dashboard", dashboard_data, ["GET"], ("since",))
     add("/v1/admin/force-release", force_release, ["POST"])
     add("/metrics", metrics, ["GET"])
 
