@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
-from turnstile._core.validate import MAX_HOLDER_BYTES, MAX_NAME_BYTES  # noqa: E402
 from tests.http_server import ServerProcess, start_server  # noqa: E402
+from turnstile._core.validate import MAX_HOLDER_BYTES, MAX_NAME_BYTES  # noqa: E402
 
 EXAMPLES = int(os.environ.get("TURNSTILE_SCHEMATHESIS_EXAMPLES", "30"))
 
