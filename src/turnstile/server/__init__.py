@@ -6,12 +6,26 @@ ASGI app yourself::
     from turnstile.server import ServerConfig, create_app
     app = create_app(ServerConfig(url="redis://localhost:6379/0"))
 
-See docs/http.md.
+See docs/http.md. Importing this package is cheap; the web stack (Starlette) is imported
+only when :func:`create_app` is first used.
 """
 
 from __future__ import annotations
 
-from .app import ServerConfig, Service, create_app
+from typing import TYPE_CHECKING, Any
+
 from .auth import Principal, TokenTable
+from .config import ServerConfig
+
+if TYPE_CHECKING:
+    from .app import Service, create_app
 
 __all__ = ["Principal", "ServerConfig", "Service", "TokenTable", "create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("create_app", "Service"):
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(name)

@@ -20,7 +20,6 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -37,7 +36,8 @@ from ..aio import AsyncClient
 from ..aio import connect as aio_connect
 from ..errors import AcquireTimeout, InvalidArgument, LeaseLost
 from . import openapi
-from .auth import Principal, TokenTable, bearer
+from .auth import Principal, bearer
+from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, ServerConfig
 from .errors import ApiError, error_response, from_exception
 from .metrics import Gauge, Metrics
 from .observe import EventLog, Tracker
@@ -45,32 +45,8 @@ from .observe import EventLog, Tracker
 log = logging.getLogger("turnstile.server")
 T = TypeVar("T")
 
-DEFAULT_MAX_WAIT = 50.0
-DEFAULT_MAX_BODY = 1024 * 1024
 MAX_LIST = 10_000
 KINDS = ("locks", "semaphores")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """How one instance serves. ``url`` names the store (default ``$TURNSTILE_URL``)."""
-
-    url: str | None = None
-    tokens: TokenTable = field(default_factory=TokenTable)
-    max_wait: float = DEFAULT_MAX_WAIT  # longest long-poll (acquire ``wait``, queue get)
-    max_body: int = DEFAULT_MAX_BODY  # bytes
-    observe_interval: float = 2.0  # seconds between background looks; 0 = only the dashboard
-    observe_max_names: int = 500
-    dashboard_max_names: int = 200
-    event_capacity: int = 1000
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.max_wait <= 3600:
-            raise InvalidArgument("max_wait must be between 1 and 3600 seconds")
-        if not 4 * 1024 + 1024 <= self.max_body <= 64 * 1024 * 1024:
-            raise InvalidArgument("max_body must be between 5 KiB and 64 MiB")
-        if not (self.observe_interval == 0 or 0.1 <= self.observe_interval <= 3600):
-            raise InvalidArgument("observe_interval must be 0 (off) or 0.1 to 3600 seconds")
 
 
 class Service:
@@ -84,6 +60,7 @@ class Service:
         self.events = EventLog(config.event_capacity)
         self.tracker = Tracker(self.events, self.metrics)
         self.started = time.time()
+        self.closing = asyncio.Event()  # set when this instance starts shutting down
         self._observer: asyncio.Task[None] | None = None
 
     @property
@@ -100,7 +77,13 @@ class Service:
                 self._observe_loop(), name="turnstile-observer"
             )
 
+    def begin_shutdown(self) -> None:
+        """End every long poll now (acquire answers ``shutting_down``; waits answer "not
+        woken") instead of letting them run out while the server drains."""
+        self.closing.set()
+
     async def stop(self) -> None:
+        self.begin_shutdown()
         if self._observer is not None:
             self._observer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -292,13 +275,17 @@ def new_holder() -> str:
     return f"http/{secrets.token_hex(8)}"
 
 
-async def until_disconnect(
-    request: Request, work: Coroutine[Any, Any, T]
-) -> tuple[bool, T | None]:
-    """Run ``work`` (a long poll) but cancel it when the client goes away.
+DONE, GONE, CLOSING = "done", "gone", "closing"
 
-    Returns ``(True, result)`` normally, ``(False, result_or_None)`` when the client left;
-    a result that was produced anyway is returned so the caller can undo it."""
+
+async def long_poll(
+    request: Request, closing: asyncio.Event, work: Coroutine[Any, Any, T]
+) -> tuple[str, T | None]:
+    """Run ``work`` (a long poll), but cancel it when the client goes away or this instance
+    starts shutting down (so a rolling restart does not wait out every long poll).
+
+    Returns ``(DONE, result)`` normally, else ``(GONE | CLOSING, result_or_None)``: a result
+    produced anyway is returned so the caller can undo it."""
     task = asyncio.ensure_future(work)
 
     async def gone() -> None:
@@ -307,21 +294,32 @@ async def until_disconnect(
             if message["type"] == "http.disconnect":
                 return
 
-    watch = asyncio.ensure_future(gone())
+    watchers = {asyncio.ensure_future(gone()): GONE, asyncio.ensure_future(closing.wait()): CLOSING}
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *watchers}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
         task.cancel()
-        watch.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         raise
+    for watcher in watchers:
+        watcher.cancel()
     if task.done():
-        watch.cancel()
-        return True, task.result()
+        return DONE, task.result()
+    outcome = next(v for w, v in watchers.items() if w.done() and not w.cancelled())
     task.cancel()
     try:
-        return False, await task
+        return outcome, await task
     except (asyncio.CancelledError, Exception):
-        return False, None
+        return outcome, None
+
+
+def shutting_down() -> ApiError:
+    return ApiError(
+        "shutting_down",
+        "this instance is shutting down; the request was abandoned (nothing is held); retry",
+        {"Retry-After": "1"},
+    )
 
 
 def lease_dict(grant: Grant, now: float) -> dict[str, Any]:
@@ -360,16 +358,21 @@ async def acquire(ctx: Ctx, kind: str) -> Any:
     sem = ctx.client.semaphore(name, limit, ttl)
     started = time.monotonic()
     try:
-        present, lease = await until_disconnect(ctx.request, _await(sem.acquire(wait, holder)))
+        outcome, lease = await long_poll(
+            ctx.request, ctx.service.closing, _await(sem.acquire(wait, holder))
+        )
     except AcquireTimeout:
         ctx.tracker.timed_out(name, holder, wait)
         raise
-    if lease is None:
-        return Response(status_code=499)  # nobody is listening
-    if not present:
-        # The client left as the grant arrived: hand the slot on rather than strand it.
-        await sem.release(lease.holder, lease.token)
-        return Response(status_code=499)
+    if outcome != DONE:
+        if lease is not None:
+            # The grant arrived as the request was abandoned: hand the slot on rather than
+            # strand it for a whole ttl.
+            await sem.release(lease.holder, lease.token)
+        if outcome == CLOSING:
+            raise shutting_down()
+        return Response(status_code=499)  # the client left; nobody reads this
+    assert lease is not None
     claimed_at = lease.expires_at - ttl
     grant = Grant(name, lease.holder, lease.token, lease.acquired_at, lease.expires_at)
     ctx.tracker.granted(grant, claimed_at, waited=time.monotonic() - started)
@@ -471,9 +474,10 @@ async def wait(ctx: Ctx, kind: str) -> Any:
         finally:
             await waiter.close()
 
-    present, woken = await until_disconnect(ctx.request, watch())
-    if not present:
+    outcome, woken = await long_poll(ctx.request, ctx.service.closing, watch())
+    if outcome == GONE:
         return Response(status_code=499)
+    # Shutting down: answer "not woken"; the client's next step finds another instance.
     return {"woken": bool(woken)}
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -19,9 +20,13 @@ from typing import Any
 
 from .._core.urls import redact, resolve_url
 from ..errors import ConfigurationError, TurnstileError
+from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, DEFAULT_OBSERVE_INTERVAL
 
-EXIT_USAGE = 2
+# The same codes as every `turnstile` command (docs/cli.md), plus one for the socket.
+EXIT_USAGE = 2  # bad arguments
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the store cannot be reached
+EXIT_OSERR = 71  # EX_OSERR: cannot listen on --host/--port
+EXIT_CONFIG = 78  # EX_CONFIG: bad token file; no tokens on a non-loopback address
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,13 +39,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "its own: run as many instances as you like on one Redis or PostgreSQL.",
     )
     add_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, handler=run)
     return parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .app import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT
-
     if not any("--url" in action.option_strings for action in parser._actions):
         parser.add_argument(
             "--url",
@@ -77,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--observe-interval",
         type=float,
-        default=2.0,
+        default=DEFAULT_OBSERVE_INTERVAL,
         metavar="S",
         help="seconds between background looks that notice expiries (0: off; default: 2)",
     )
@@ -131,8 +134,9 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ..aio import connect
-        from .app import ServerConfig, create_app
+        from .app import create_app
         from .auth import TokenTable, is_loopback
+        from .config import ServerConfig
     except ImportError as exc:
         return _fail(
             f"the HTTP service needs {exc.name or 'its dependencies'}; "
@@ -141,18 +145,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         tokens = TokenTable.load(args.tokens)
     except ConfigurationError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), EXIT_CONFIG)
     if tokens.open and not is_loopback(args.host):
         return _fail(
             f"refusing to listen on {args.host!r} without tokens: anyone who can reach it "
             "could take and release every lock. Give --tokens FILE (or $TURNSTILE_TOKENS), "
-            "or listen on 127.0.0.1"
+            "or listen on 127.0.0.1",
+            EXIT_CONFIG,
         )
     if not 0 <= args.port <= 65535:
         return _fail(f"--port must be 0 to 65535, got {args.port}")
     try:
         config = ServerConfig(
-            url=args.url,
+            url=getattr(args, "url", None),
             tokens=tokens,
             max_wait=args.max_wait,
             max_body=args.max_body,
@@ -160,24 +165,37 @@ def run(args: argparse.Namespace) -> int:
         )
     except TurnstileError as exc:
         return _fail(str(exc))
-    url = resolve_url(args.url)
+    url = resolve_url(getattr(args, "url", None))
 
     async def main() -> int:
         try:
             client = await connect(url)
             await client.ping()
+        except ConfigurationError as exc:
+            return _fail(f"cannot open the store {redact(url)}: {exc}", EXIT_CONFIG)
         except TurnstileError as exc:
             return _fail(f"cannot open the store {redact(url)}: {exc}", EXIT_UNAVAILABLE)
         try:
             sock = _bind(args.host, args.port)
         except OSError as exc:
             await client.close()
-            return _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+            return _fail(
+                f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", EXIT_OSERR
+            )
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         base = f"http://{shown}:{port}"
         app = create_app(config, client)
-        server = uvicorn.Server(
+        loop = asyncio.get_running_loop()
+        service = app.state.service
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                super().handle_exit(sig, frame)
+                # End long polls at once rather than after the graceful-shutdown timeout.
+                loop.call_soon_threadsafe(service.begin_shutdown)
+
+        server = Server(
             uvicorn.Config(
                 app,
                 log_level=args.log_level,
@@ -189,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
 
-        async def announce() -> None:
+        async def watch() -> None:
             while not server.started:
                 if server.should_exit:
                     return
@@ -205,10 +223,17 @@ def run(args: argparse.Namespace) -> int:
                 tmp.write_text(base + "\n", "utf-8")
                 os.replace(tmp, path)
 
-        notice = asyncio.get_running_loop().create_task(announce())
+        notice = loop.create_task(watch())
+        # uvicorn re-raises the SIGTERM/SIGINT that stopped it once it has shut down; with
+        # these handlers restored by then, that is a no-op and a requested stop exits 0.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda sig, frame: None)
         try:
             await server.serve(sockets=[sock])
         finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM
+                              else signal.default_int_handler)
             notice.cancel()
             sock.close()
             await client.close()

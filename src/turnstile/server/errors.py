@@ -40,6 +40,7 @@ CODES: dict[str, tuple[int, str]] = {
     "internal": (500, "an unexpected error; details are in the service's log"),
     "not_supported": (501, "the store behind the service cannot do this"),
     "backend_unavailable": (503, "the store cannot be reached; retry later"),
+    "shutting_down": (503, "this instance is stopping; retry (on another instance)"),
 }
 
 
