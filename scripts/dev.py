@@ -298,6 +298,23 @@ def postgres_server(tmp: Path) -> Iterator[str]:
         )  # type: ignore[call-overload]
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def ensure_chromium() -> None:
+    """The dashboard test drives Debian's `chromium` (never a downloaded browser build). Under
+    CI (or TURNSTILE_INSTALL_CHROMIUM=1), install it with apt-get when it is missing."""
+    wanted = os.environ.get("CI") or os.environ.get("TURNSTILE_INSTALL_CHROMIUM") == "1"
+    if CHROMIUM.exists() or not wanted or not shutil.which("apt-get"):
+        return
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    log("installing Debian's chromium for the dashboard test")
+    quiet = {"stdout": subprocess.DEVNULL}
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run([*prefix, "apt-get", "update", "-qq"], env=env, **quiet)  # type: ignore[call-overload]
+    subprocess.run([*prefix, "apt-get", "install", "-y", "-qq", "chromium"], env=env, **quiet)  # type: ignore[call-overload]
+
+
 # -- commands -----------------------------------------------------------------------------
 def cmd_demo(args: list[str]) -> int:
     ensure_venv(DEMO_EXTRAS)
@@ -307,6 +324,7 @@ def cmd_demo(args: list[str]) -> int:
 def cmd_test(args: list[str]) -> int:
     started = time.monotonic()
     ensure_venv(TEST_EXTRAS)
+    ensure_chromium()
     log("checking: unasync --check, ruff, mypy")
     run([str(PY), "scripts/unasync.py", "--check"], cwd=ROOT)
     run([str(PY), "-m", "ruff", "check", "src", "tests", "scripts", "benchmarks"], cwd=ROOT)
