@@ -98,7 +98,7 @@ class AsyncHTTPWaiter:
         self._name = name
         self._holder = holder
 
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 (the protocol's)
+    async def wait(self, timeout: float) -> bool:
         timeout = min(max(0.0, timeout), self._backend.max_wait)
         if timeout <= 0:
             return False
@@ -145,7 +145,7 @@ class AsyncHTTPBackend:
         body: dict[str, Any] | None = None,
         *,
         params: dict[str, Any] | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the request's, passed to httpx)
+        timeout: float | None = None,
     ) -> Any:
         try:
             response = await self._http.request(
@@ -288,7 +288,7 @@ async def open_backend(
     parts: SplitResult,
     *,
     token: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 (per request, passed to httpx)
+    timeout: float = DEFAULT_TIMEOUT,
     verify: bool | str = True,
 ) -> AsyncHTTPBackend:
     scheme = parts.scheme.lower()

@@ -99,7 +99,7 @@ class HTTPWaiter:
         self._name = name
         self._holder = holder
 
-    def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 (the protocol's)
+    def wait(self, timeout: float) -> bool:
         timeout = min(max(0.0, timeout), self._backend.max_wait)
         if timeout <= 0:
             return False
@@ -146,7 +146,7 @@ class HTTPBackend:
         body: dict[str, Any] | None = None,
         *,
         params: dict[str, Any] | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the request's, passed to httpx)
+        timeout: float | None = None,
     ) -> Any:
         try:
             response = self._http.request(
@@ -289,7 +289,7 @@ def open_backend(
     parts: SplitResult,
     *,
     token: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 (per request, passed to httpx)
+    timeout: float = DEFAULT_TIMEOUT,
     verify: bool | str = True,
 ) -> HTTPBackend:
     scheme = parts.scheme.lower()
