@@ -107,6 +107,7 @@ class AsyncHTTPWaiter:
             "/v1/semaphores/wait",
             {"name": self._name, "holder": self._holder, "timeout": timeout},
             timeout=timeout + POLL_SLACK,
+            poll=True,
         )
         return bool(data["woken"])
 
@@ -118,12 +119,15 @@ class AsyncHTTPBackend:
     def __init__(
         self,
         http: httpx.AsyncClient,
+        poll: httpx.AsyncClient,
         base: str,
         shown: str,
         scheme: str,
         timeout: float,
     ) -> None:
-        self._http = http
+        self._http = http  # operations: acquire steps, renewals, releases, status
+        self._poll = poll  # long polls only, so waiters never hold up a renewal
+        self._closed = False
         self._base = base
         self._shown = shown
         self._timeout = timeout
@@ -146,9 +150,13 @@ class AsyncHTTPBackend:
         *,
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
+        poll: bool = False,
     ) -> Any:
+        if self._closed:
+            raise BackendUnavailable(f"the client of {self._shown} is closed")
+        http = self._poll if poll else self._http
         try:
-            response = await self._http.request(
+            response = await http.request(
                 method,
                 self._base + path,
                 json=body,
@@ -280,7 +288,9 @@ class AsyncHTTPBackend:
             raise _error(self._shown, response)
 
     async def close(self) -> None:
+        self._closed = True
         await self._http.aclose()
+        await self._poll.aclose()
 
 
 async def open_backend(
@@ -310,11 +320,14 @@ async def open_backend(
         headers["Authorization"] = f"Bearer {secret}"
     tls: bool | ssl.SSLContext = verify if isinstance(verify, bool) else _tls(verify)
     http = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout)
-    backend = AsyncHTTPBackend(http, base, base, scheme, float(timeout))
+    # One connection per waiting long poll, however many wait at once.
+    unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+    poll = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout, limits=unbounded)
+    backend = AsyncHTTPBackend(http, poll, base, base, scheme, float(timeout))
     try:
         await backend.handshake()
     except BaseException:
-        await http.aclose()
+        await backend.close()
         raise
     return backend
 

@@ -108,6 +108,7 @@ class HTTPWaiter:
             "/v1/semaphores/wait",
             {"name": self._name, "holder": self._holder, "timeout": timeout},
             timeout=timeout + POLL_SLACK,
+            poll=True,
         )
         return bool(data["woken"])
 
@@ -119,12 +120,15 @@ class HTTPBackend:
     def __init__(
         self,
         http: httpx.Client,
+        poll: httpx.Client,
         base: str,
         shown: str,
         scheme: str,
         timeout: float,
     ) -> None:
-        self._http = http
+        self._http = http  # operations: acquire steps, renewals, releases, status
+        self._poll = poll  # long polls only, so waiters never hold up a renewal
+        self._closed = False
         self._base = base
         self._shown = shown
         self._timeout = timeout
@@ -147,9 +151,13 @@ class HTTPBackend:
         *,
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
+        poll: bool = False,
     ) -> Any:
+        if self._closed:
+            raise BackendUnavailable(f"the client of {self._shown} is closed")
+        http = self._poll if poll else self._http
         try:
-            response = self._http.request(
+            response = http.request(
                 method,
                 self._base + path,
                 json=body,
@@ -281,7 +289,9 @@ class HTTPBackend:
             raise _error(self._shown, response)
 
     def close(self) -> None:
+        self._closed = True
         self._http.close()
+        self._poll.close()
 
 
 def open_backend(
@@ -311,11 +321,14 @@ def open_backend(
         headers["Authorization"] = f"Bearer {secret}"
     tls: bool | ssl.SSLContext = verify if isinstance(verify, bool) else _tls(verify)
     http = httpx.Client(headers=headers, verify=tls, timeout=timeout)
-    backend = HTTPBackend(http, base, base, scheme, float(timeout))
+    # One connection per waiting long poll, however many wait at once.
+    unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+    poll = httpx.Client(headers=headers, verify=tls, timeout=timeout, limits=unbounded)
+    backend = HTTPBackend(http, poll, base, base, scheme, float(timeout))
     try:
         backend.handshake()
     except BaseException:
-        http.close()
+        backend.close()
         raise
     return backend
 
