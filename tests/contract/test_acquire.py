@@ -48,8 +48,7 @@ def test_timed_out_waiter_in_another_process_leaves_the_line(
     name = "acq:timeout-remote"
     lock = client.lock(name, ttl=2.0)
     with lock.acquire(timeout=5, holder="boss"):
-        w = workers.spawn("wait_grant", name=name, limit=1, ttl=2.0, holder="remote",
-                          timeout=0.5)
+        w = workers.spawn("wait_grant", name=name, limit=1, ttl=2.0, holder="remote", timeout=0.5)
         w.wait_for("ready")
         w.send("go")
         wait_until(lambda: lock.status().waiters, 30, what="remote waiter in line")

@@ -28,7 +28,19 @@ BAD_NAMES: list[Any] = [
     ["list"],
 ]
 BAD_TTLS: list[Any] = [
-    0, -1, -0.5, 0.0, math.nan, math.inf, -math.inf, 1e12, 10**20, True, False, "5", None,
+    0,
+    -1,
+    -0.5,
+    0.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e12,
+    10**20,
+    True,
+    False,
+    "5",
+    None,
 ]
 BAD_TIMEOUTS: list[Any] = [-1, -0.001, math.inf, -math.inf, math.nan, 1e12, True, "1", [1]]
 BAD_LIMITS: list[Any] = [0, -1, True, False, 1.5, 2.0, 10**12, "2", None]
@@ -46,7 +58,7 @@ ODD_NAMES = [
     "  leading and trailing  ",
     "'",
     '"',
-    "it's \"quoted\"",
+    'it\'s "quoted"',
     "'; DROP TABLE x; --",
     "'); DELETE FROM turnstile_holders; --",
     "Robert'); DROP TABLE turnstile_meta;--",

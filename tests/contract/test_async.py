@@ -15,14 +15,14 @@ from turnstile.aio import AcquireTimeout, AsyncClient, InvalidArgument, LeaseLos
 from ._harness import check_bounded, check_exclusive
 
 
-async def _wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
+async def _wait_until(predicate: Any, within: float, what: str) -> Any:
+    deadline = time.monotonic() + within
     while True:
         value = await predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
+            raise AssertionError(f"not within {within} s: {what}")
         await asyncio.sleep(0.01)
 
 
@@ -87,9 +87,7 @@ async def test_async_fifo(aclient: AsyncClient) -> None:
     async with lock.acquire(timeout=5):
         for i in range(5):
             tasks.append(asyncio.create_task(waiter(f"w{i}")))
-            await _wait_until(
-                lambda i=i: _in_line(lock, f"w{i}"), 30, f"w{i} in line"
-            )
+            await _wait_until(lambda i=i: _in_line(lock, f"w{i}"), 30, f"w{i} in line")
     await asyncio.gather(*tasks)
     assert order == [f"w{i}" for i in range(5)]
 

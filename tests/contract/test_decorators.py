@@ -4,6 +4,7 @@ coroutine functions; the wrong kind is refused."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from typing import Any
@@ -48,7 +49,7 @@ def test_sequential_sync(client: turnstile.Client) -> None:
     assert sorted(results) == ["A!", "A!", "B!", "B!"]
     for key in ("A", "B"):  # one at a time per key
         mine = sorted((iv for iv in log if iv["key"] == key), key=lambda iv: iv["start"])
-        assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:], strict=False))
+        assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(mine))
     assert max_concurrency(log) == 2  # different keys in parallel
     assert client.status("dec:order:A").holders == ()
 
@@ -142,9 +143,9 @@ async def test_sequential_and_limited_async(aclient: turnstile.aio.AsyncClient) 
 def test_wrong_kind_of_function_is_refused(client: turnstile.Client) -> None:
     async def coro() -> None: ...
 
-    with pytest.raises(turnstile.InvalidArgument, match="turnstile.aio.connect"):
+    with pytest.raises(turnstile.InvalidArgument, match=r"turnstile\.aio\.connect"):
         client.sequential(key=lambda: "k")(coro)
-    with pytest.raises(turnstile.InvalidArgument, match="turnstile.aio.connect"):
+    with pytest.raises(turnstile.InvalidArgument, match=r"turnstile\.aio\.connect"):
         client.limited("dec:wrong", 2)(coro)
 
 
@@ -153,9 +154,9 @@ async def test_wrong_kind_of_function_is_refused_async(
 ) -> None:
     def plain() -> None: ...
 
-    with pytest.raises(turnstile.InvalidArgument, match="turnstile.connect"):
+    with pytest.raises(turnstile.InvalidArgument, match=r"turnstile\.connect"):
         aclient.sequential(key=lambda: "k")(plain)
-    with pytest.raises(turnstile.InvalidArgument, match="turnstile.connect"):
+    with pytest.raises(turnstile.InvalidArgument, match=r"turnstile\.connect"):
         aclient.limited("adec:wrong", 2)(plain)
 
 
@@ -178,5 +179,8 @@ def test_sequential_timeout_raises(client: turnstile.Client) -> None:
     @client.sequential(key=lambda: "k", ttl=2.0, timeout=0.2, prefix="dec:to:")
     def f() -> None: ...
 
-    with client.lock("dec:to:k", ttl=2.0).acquire(timeout=5), pytest.raises(turnstile.AcquireTimeout):
+    with (
+        client.lock("dec:to:k", ttl=2.0).acquire(timeout=5),
+        pytest.raises(turnstile.AcquireTimeout),
+    ):
         f()

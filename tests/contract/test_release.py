@@ -82,9 +82,7 @@ def test_renew_of_released_or_lost_lease_raises(client: turnstile.Client) -> Non
     assert lost.lost
 
 
-def test_release_by_holder_from_another_process(
-    client: turnstile.Client, workers: Spawner
-) -> None:
+def test_release_by_holder_from_another_process(client: turnstile.Client, workers: Spawner) -> None:
     name = "rel:remote"
     lock = client.lock(name, ttl=2.0)
     lease = lock.acquire(timeout=5, holder="exec-1")

@@ -267,7 +267,9 @@ class AsyncSemaphore:
             # not leave a lease or a place in line behind.
             result, sent = await self._step(holder, wait_ttl, True)
             if result.grant is not None:
-                log_acquire.debug("acquired %r token %d at once", self.name, result.grant.token)
+                log_acquire.debug(
+                    "acquired %r token %d at once", self.name, result.grant.token
+                )
                 return self._lease(result, sent)
             if timeout != 0:
                 # Arm the wake-up channel, then look again: no hand-over can slip between.
