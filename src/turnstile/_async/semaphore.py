@@ -180,9 +180,10 @@ class AsyncTicket:
 
 
 # unasync: async-only
-class _AcquireContext:
-    """What ``acquire()`` returns in the async API: await it for a lease, or use it directly
-    as ``async with sem.acquire(timeout=5) as lease:``."""
+class _AcquireContext(Coroutine[Any, Any, AsyncLease]):
+    """What ``acquire()`` returns in the async API: await it for a lease, use it directly as
+    ``async with sem.acquire(timeout=5) as lease:``, or hand it to ``asyncio.create_task``
+    like any coroutine."""
 
     def __init__(self, coro: Coroutine[Any, Any, AsyncLease]) -> None:
         self._coro = coro
@@ -190,6 +191,15 @@ class _AcquireContext:
 
     def __await__(self) -> Generator[Any, None, AsyncLease]:
         return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        self._coro.close()
 
     async def __aenter__(self) -> AsyncLease:
         self._lease = await self._coro
