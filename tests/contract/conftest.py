@@ -13,7 +13,6 @@ from tests.conftest import BackendUnderTest
 
 from ._harness import Spawner
 
-
 CONTRACT_TEST_TIMEOUT = 120  # seconds; every wait in a test is bounded well below this
 
 
