@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import multiprocessing
 import os
 import queue
@@ -31,8 +32,9 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 from . import connect
 from ._sync.client import Client
@@ -123,18 +125,16 @@ def arrival_schedule(
         raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if not events_per_order or any(k < 1 for k in events_per_order):
         raise ValueError("every order needs at least one event")
-    labels = order_labels(len(events_per_order))
-    if arrival == "grouped":
-        sequence = [label for label, k in zip(labels, events_per_order, strict=True) for _ in range(k)]
-    elif arrival == "interleaved":
+    counts = list(zip(order_labels(len(events_per_order)), events_per_order, strict=True))
+    if arrival == "interleaved":
         sequence = []
         for round_ in range(max(events_per_order)):
-            sequence += [
-                label for label, k in zip(labels, events_per_order, strict=True) if round_ < k
-            ]
+            sequence += [label for label, k in counts if round_ < k]
     else:
-        sequence = [label for label, k in zip(labels, events_per_order, strict=True) for _ in range(k)]
-        random.Random(seed).shuffle(sequence)  # positions of an order's events; seq fixed below
+        sequence = [label for label, k in counts for _ in range(k)]
+        if arrival == "shuffled":
+            # Shuffles which slots each order's events take; their seq stays in order below.
+            random.Random(seed).shuffle(sequence)
     seen: dict[str, int] = {}
     schedule = []
     for index, label in enumerate(sequence):
@@ -153,7 +153,7 @@ class OrderLock(Protocol):
     manager that waits for the turn, yields a fencing token (or ``None`` if the lock has
     none), and gives the turn back on exit."""
 
-    def join(self, order: str, holder: str) -> ContextManager[int | None]: ...
+    def join(self, order: str, holder: str) -> AbstractContextManager[int | None]: ...
 
     def close(self) -> None: ...
 
@@ -170,7 +170,7 @@ class TurnstileOrderLock:
         self.timeout = timeout
         self.prefix = prefix
 
-    def join(self, order: str, holder: str) -> ContextManager[int | None]:
+    def join(self, order: str, holder: str) -> AbstractContextManager[int | None]:
         lock = self.client.lock(f"{self.prefix}order:{order}", ttl=self.ttl)
         ticket = lock.try_acquire(holder)  # in line now (or holding it already)
         return self._turn(lock, holder, ticket.lease)
@@ -414,7 +414,14 @@ def run_scenario(
                 _, hook_id, worker, holder, token, asked, started, ended = message
                 hook = by_id[hook_id]
                 records[hook_id] = EventRecord(
-                    hook, worker, holder, token, arrived[hook_id], asked - t0, started - t0, ended - t0
+                    hook,
+                    worker,
+                    holder,
+                    token,
+                    arrived[hook_id],
+                    asked - t0,
+                    started - t0,
+                    ended - t0,
                 )
                 notify(Update("ended", hook, ended - t0, worker, token))
             elif kind == "failed":
@@ -441,8 +448,11 @@ def run_scenario(
         results.cancel_join_thread()
     ordered = sorted(records.values(), key=lambda r: r.started)
     return ScenarioResult(
-        list(schedule), ordered, sorted(failures.values(), key=lambda f: f.webhook.arrival),
-        workers, startup,
+        list(schedule),
+        ordered,
+        sorted(failures.values(), key=lambda f: f.webhook.arrival),
+        workers,
+        startup,
     )
 
 
@@ -488,7 +498,7 @@ def order_violations(records: Sequence[EventRecord]) -> list[Violation]:
     must not overlap, and must carry increasing fencing tokens (when the lock has them)."""
     found = []
     for order, events in _by_order(records).items():
-        for a, b in zip(events, events[1:], strict=False):
+        for a, b in itertools.pairwise(events):
             if a.webhook.seq > b.webhook.seq:
                 found.append(Violation(order, "order", a.webhook.id, b.webhook.id))
             if b.started < a.ended:
@@ -545,7 +555,7 @@ def handover_latencies(records: Sequence[EventRecord]) -> list[float]:
     the next one was already waiting (it asked before the previous one ended)."""
     gaps = []
     for events in _by_order(records).values():
-        for a, b in zip(events, events[1:], strict=False):
+        for a, b in itertools.pairwise(events):
             if b.asked <= a.ended:
                 gaps.append(b.started - a.ended)
     return gaps
@@ -616,8 +626,13 @@ class Summary:
             ],
             "order_violations": len(self.violations),
             "violations": [
-                {"order": v.order, "kind": v.kind, "first": v.first, "second": v.second,
-                 "message": str(v)}
+                {
+                    "order": v.order,
+                    "kind": v.kind,
+                    "first": v.first,
+                    "second": v.second,
+                    "message": str(v),
+                }
                 for v in self.violations
             ],
             "orders_in_parallel": self.max_parallel_orders >= 2,

@@ -17,6 +17,7 @@ import importlib
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 
 from .. import __version__
@@ -63,7 +64,7 @@ run passes CMD's own exit code through. See docs/cli.md.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _common.ArgumentParser(
         prog="turnstile",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -80,12 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
+    _common.quiet_library_logs()
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on bad arguments, 0 after --help/--version
     handler: _common.Handler | None = getattr(args, "handler", None)
     if handler is None:
-        parser.print_usage(sys.stderr)
-        _common.error("choose a command: " + ", ".join(COMMANDS))
+        _common.error(f"choose a command: {', '.join(COMMANDS)} (see: turnstile --help)")
         return EXIT_USAGE
     secrets = _common.secrets_of(_common.given_url(args)) + _common.env_url_secrets()
     try:
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILURE
     except Exception as exc:  # never a traceback: one line, and a code that says "bug"
-        _common.error(
-            f"internal error ({type(exc).__name__}: {exc}); please report it", secrets
-        )
+        if os.environ.get("TURNSTILE_DEBUG"):
+            traceback.print_exc()
+        _common.error(f"internal error ({type(exc).__name__}: {exc}); please report it", secrets)
         return EXIT_SOFTWARE

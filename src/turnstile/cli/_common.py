@@ -4,11 +4,12 @@ that validate with :mod:`turnstile._core.validate`, connecting, and safe printin
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
 from .._core import urls, validate
@@ -46,11 +47,18 @@ class Terminated(BaseException):
         self.signum = signum
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (and exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def command_parser(
     subparsers: Any,  # argparse._SubParsersAction, which typeshed keeps private
     name: str,
     *,
-    help: str,  # noqa: A002 - argparse's own keyword
+    help: str,
     description: str,
     epilog: str | None = None,
 ) -> argparse.ArgumentParser:
@@ -129,12 +137,12 @@ def timeout_type(option: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(
                 f"must be finite; leave {option} out to wait without a time limit"
             )
-        try:
-            result = validate.timeout(value, option)
-        except InvalidArgument as exc:
-            raise _type_error(option, exc) from None
-        assert result is not None
-        return result
+        if math.isnan(value) or not 0 <= value <= validate.MAX_TIMEOUT:
+            raise argparse.ArgumentTypeError(
+                f"must be between 0 and {validate.MAX_TIMEOUT:.0f} seconds (30 days), got "
+                f"{text!r}; leave {option} out to wait without a time limit"
+            )
+        return value
 
     return parse
 
@@ -202,7 +210,9 @@ def printable(text: str) -> str:
     cursor or recolour a terminal."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 def duration(seconds: float) -> str:
@@ -250,6 +260,21 @@ def error(message: str, secrets: list[str] | None = None) -> None:
 
 def note(message: str) -> None:
     print(f"turnstile: {message}", file=sys.stderr, flush=True)
+
+
+def quiet_library_logs() -> None:
+    """The library logs warnings (a lost lease, a failed renewal) through ``logging``; the
+    command line reports those itself, in its own words, so keep Python's last-resort
+    handler from printing them a second time."""
+    logging.getLogger("turnstile").addHandler(logging.NullHandler())
+
+
+def log_to_stderr(level: int = logging.WARNING) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("turnstile: %(message)s"))
+    logger = logging.getLogger("turnstile")
+    logger.addHandler(handler)
+    logger.setLevel(level)
 
 
 def env_url_secrets() -> list[str]:

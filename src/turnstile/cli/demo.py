@@ -363,7 +363,9 @@ class _LiveBoard(_Display):
     def lines(self) -> list[str]:
         done = sum(1 for s in self.state.values() if s == "done")
         rows = [f"  +{self.at:.3f}s  {done}/{len(self.state)} done"]
-        shown = self.orders if len(self.orders) <= self.MAX_ROWS else self.orders[: self.MAX_ROWS - 1]
+        shown = self.orders
+        if len(shown) > self.MAX_ROWS:
+            shown = shown[: self.MAX_ROWS - 1]
         for order in shown:
             cells = "  ".join(f"{h} {self.state[h]:<7}" for h in self.hooks[order])
             rows.append(f"  order {order:<3} {cells}"[: self.columns - 1])

@@ -6,7 +6,7 @@ While waiting in line, SIGINT/SIGTERM/SIGHUP make ``turnstile`` leave the line a
 SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to ``turnstile`` are forwarded to
 CMD; a signal a terminal sent to its whole foreground group (Ctrl-C, Ctrl-\\) already reached
 CMD and is not sent twice. On Linux this is decided from ``siginfo.si_code`` via
-``sigtimedwait``; elsewhere every such signal is forwarded.
+``sigwaitinfo``; elsewhere every such signal is forwarded.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
 from . import _common
 from ._common import (
     EXIT_CANNOT_EXECUTE,
+    EXIT_FAILURE,
     EXIT_LEASE_LOST,
     EXIT_NOT_FOUND,
     EXIT_SIGNAL_BASE,
@@ -50,7 +51,7 @@ exit codes: CMD's own exit code (128+N if CMD was killed by signal N); 75 not gr
 """
 
 # Forwarded to CMD once it runs. While waiting in line only the first three are handled.
-FORWARDED = tuple(
+FORWARDED: tuple[signal.Signals, ...] = tuple(
     getattr(signal, n)
     for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
     if hasattr(signal, n)
@@ -60,9 +61,10 @@ STOPPING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(si
 RESET_FOR_CHILD = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
 SI_KERNEL = 0x80  # Linux si_code of signals the kernel sends, e.g. a terminal's Ctrl-C
 _LINUX = sys.platform.startswith("linux")
-# sigtimedwait lets us see who sent a signal; without it (macOS) we forward every signal.
-_SIGWAIT = hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
+# sigwaitinfo lets us see who sent a signal; without it (macOS) we forward every signal.
+_SIGWAIT = all(hasattr(signal, f) for f in ("sigwaitinfo", "pthread_sigmask", "pthread_kill"))
 KILL_AFTER_DEFAULT = 10.0
+TICK = 0.5  # the supervisor re-checks CMD and the lease at least this often (seconds)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -175,6 +177,8 @@ def run_command(args: argparse.Namespace) -> int:
     limit: int = 1 if args.lock is not None else args.limit
     holder: str = args.holder or timing.default_holder()
     alarm = _LostAlarm()
+    if args.verbose:
+        _common.log_to_stderr()
 
     client = _common.connect(args)
     try:
@@ -260,7 +264,7 @@ def _stop_on_signals() -> Iterator[None]:
 
 class _LostAlarm:
     """The lease's ``on_lost`` callback: remembers the loss and wakes the supervisor,
-    which sleeps in ``sigtimedwait`` (woken by a SIGCHLD aimed at its thread)."""
+    which sleeps in ``sigwaitinfo`` (woken by a SIGCHLD aimed at its thread)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -274,11 +278,34 @@ class _LostAlarm:
                 signal.pthread_kill(ident, signal.SIGCHLD)
 
 
+class _Ticker:
+    """Sends SIGCHLD to the supervising thread every :data:`TICK` seconds: a bound on how
+    long anything can go unnoticed (a signal that landed on a thread started before ours
+    blocked it, the --kill-after deadline, a lease that lapsed)."""
+
+    def __init__(self, target: int) -> None:
+        self._target = target
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="turnstile-run-tick", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(TICK):
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_kill(self._target, signal.SIGCHLD)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 class _Child:
     """CMD, started with ``posix_spawnp`` so it can get a clean signal mask while we keep
     ours blocked."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], sigmask: set[signal.Signals]):
+    def __init__(
+        self, argv: list[str], env: dict[str, str], sigmask: set[int | signal.Signals]
+    ) -> None:
         self.pid = os.posix_spawnp(
             argv[0], argv, env, setsigmask=sigmask, setsigdef=RESET_FOR_CHILD
         )
@@ -326,20 +353,22 @@ class _Supervisor:
         self.kill_at: float | None = None
 
     def run(self) -> int:
-        waitset = {*FORWARDED, signal.SIGCHLD} if _SIGWAIT else set()
+        waitset: set[signal.Signals] = {*FORWARDED, signal.SIGCHLD} if _SIGWAIT else set()
         previous = {s: signal.getsignal(s) for s in FORWARDED}
-        # Fallback path (and, with sigtimedwait, signals that land on a thread started
+        # Fallback path (and, with sigwaitinfo, signals that land on a thread started
         # before we blocked them): a handler that forwards. Ignored signals stay ignored.
         for signum in FORWARDED:
             if previous[signum] != signal.SIG_IGN:
                 signal.signal(signum, self._forward_handler)
-        old_mask: set[signal.Signals] = set()
-        code = EXIT_CANNOT_EXECUTE
+        old_mask: set[int | signal.Signals] = set()
+        code = EXIT_FAILURE
+        ticker: _Ticker | None = None
         if _SIGWAIT:
             # Blocked before the renewer thread starts, so it inherits the mask and every
-            # such signal reaches sigtimedwait in this thread.
+            # such signal reaches sigwaitinfo in this thread.
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waitset)
             self.alarm.wake_thread = threading.get_ident()
+            ticker = _Ticker(threading.get_ident())
         try:
             try:
                 with self.lease:  # renews every ttl/3 until the block ends, then releases
@@ -364,6 +393,8 @@ class _Supervisor:
                 )
         finally:
             self.alarm.wake_thread = None
+            if ticker is not None:
+                ticker.stop()
             if _SIGWAIT:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             for signum, handler in previous.items():
@@ -405,22 +436,17 @@ class _Supervisor:
                 return code
             if self.lost_at is None and (self.alarm.event.is_set() or self.lease.lost):
                 self._lost()
-            now = time.monotonic()
-            if self.kill_at is not None and now >= self.kill_at:
+            if self.kill_at is not None and time.monotonic() >= self.kill_at:
                 child.send(signal.SIGKILL)
                 self.kill_at = None
-            # Wake for the child's exit (SIGCHLD), a signal, a lost lease (the alarm sends
-            # SIGCHLD), and in any case before the lease could lapse unnoticed.
-            delay = 1.0
-            if self.lost_at is None:
-                delay = min(delay, max(0.01, self.lease.remaining))
-            if self.kill_at is not None:
-                delay = min(delay, max(0.0, self.kill_at - now))
             if not _SIGWAIT:
-                time.sleep(min(delay, 0.05))  # signal handlers forward meanwhile
+                time.sleep(TICK / 10)  # signal handlers forward meanwhile
                 continue
-            info = signal.sigtimedwait(waitset, max(delay, 0.001))
-            if info is None or info.si_signo == signal.SIGCHLD:
+            # Woken by: CMD's exit (SIGCHLD), a signal for CMD, the lost-lease alarm and the
+            # ticker (both send SIGCHLD to this thread). Not sigtimedwait: after EINTR (e.g.
+            # SIGSTOP/SIGCONT) at its deadline, CPython 3.11 returns an uninitialised siginfo.
+            info = signal.sigwaitinfo(waitset)
+            if info.si_signo not in FORWARDED:
                 continue
             if _LINUX and info.si_code == SI_KERNEL:
                 continue  # from the terminal to the whole foreground group: CMD has it
