@@ -671,14 +671,15 @@ def summarize(result: ScenarioResult) -> Summary:
 def render_timeline(
     records: Sequence[EventRecord], schedule: Sequence[Webhook], *, width: int = 60
 ) -> list[str]:
-    """One row per order: ``RA1=====`` while an event runs, ``.`` while one of the order's
-    events waits and none runs, blank while the order has nothing to do."""
+    """One row per order: ``RA1=====`` while an event runs, ``.`` while an event of the
+    order waits for its turn and none runs, blank while the order has nothing to do.
+
+    Each column shows what filled most of its time slice, so a handover far shorter than a
+    column does not show as a gap."""
     width = max(10, width)
     span = max([r.ended for r in records] + [w.arrival for w in schedule] + [1e-3])
-    scale = width / span
-
-    def col(t: float) -> int:
-        return min(width - 1, max(0, int(t * scale)))
+    step = span / width
+    samples = 8  # per column
 
     labels = sorted({w.order for w in schedule}, key=lambda o: (len(o), o))
     label_width = max(len(f"order {o}") for o in labels) + 2 if labels else 8
@@ -689,7 +690,7 @@ def render_timeline(
     for i in range(ticks + 1):
         position = min(width - 1, round(i * (width - 1) / ticks))
         marks[position] = "|"
-        text = f"{span * i / ticks:.2f}s"
+        text = f"{position * step:.2f}s" if i < ticks else f"{span:.2f}s"
         start = min(max(0, position - len(text) // 2), len(ruler) - len(text))
         if i == 0:
             start = 0
@@ -700,14 +701,42 @@ def render_timeline(
     for r in records:
         by_order.setdefault(r.webhook.order, []).append(r)
     for order in labels:
-        row = [" "] * width
         events = sorted(by_order.get(order, []), key=lambda r: r.started)
-        for r in events:  # waiting first, so that running paints over it
-            for c in range(col(r.arrived), col(r.started)):
-                row[c] = "."
-        for r in events:
-            start, end = col(r.started), max(col(r.started) + 1, col(r.ended))
-            segment = (r.webhook.id + "=" * width)[: end - start]
-            row[start:end] = segment
-        lines.append(f"order {order}".ljust(label_width) + "".join(row[:width]).rstrip())
+        owner: list[EventRecord | str | None] = []  # per column: an event, "." or None
+        for c in range(width):
+            votes: dict[int, int] = {}
+            waiting = 0
+            for k in range(samples):
+                t = (c + (k + 0.5) / samples) * step
+                running = next((i for i, r in enumerate(events) if r.started <= t < r.ended), None)
+                if running is not None:
+                    votes[running] = votes.get(running, 0) + 1
+                elif any(r.arrived <= t < r.started for r in events):
+                    waiting += 1
+            best = max(votes, key=lambda i: votes[i], default=None)
+            running_total = sum(votes.values())
+            if best is not None and running_total >= max(
+                waiting, samples - running_total - waiting
+            ):
+                owner.append(events[best])
+            elif waiting * 2 >= samples:
+                owner.append(".")
+            else:
+                owner.append(None)
+        for r in events:  # an event shorter than half a column still gets one
+            if r not in owner:
+                c = min(width - 1, int((r.started + r.ended) / 2 / step))
+                if not isinstance(owner[c], EventRecord):
+                    owner[c] = r
+        row = []
+        for c, who in enumerate(owner):
+            if isinstance(who, EventRecord):
+                offset = 0
+                while c - offset - 1 >= 0 and owner[c - offset - 1] is who:
+                    offset += 1
+                label = who.webhook.id
+                row.append(label[offset] if offset < len(label) else "=")
+            else:
+                row.append(" " if who is None else who)
+        lines.append(f"order {order}".ljust(label_width) + "".join(row).rstrip())
     return lines
