@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import queue
 import random
+import signal
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -267,6 +268,7 @@ def _worker_main(
 ) -> None:
     """One worker process: take the next webhook as it arrives, take its order's turn,
     work, hand over."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         order_lock = load_strategy(strategy)(url, **options)
     except BaseException as exc:
@@ -432,6 +434,10 @@ def run_scenario(
         for hook in schedule:
             if hook.id not in records and hook.id not in failures:
                 failures[hook.id] = Failure(hook, None, f"not finished within {run_timeout:g} s")
+    except BaseException:
+        for proc in procs:  # interrupted or failed: no point in finishing the work
+            proc.terminate()
+        raise
     finally:
         if not stopped:
             for _ in procs:
@@ -688,7 +694,7 @@ def render_timeline(
     ruler = [" "] * (width + 12)
     marks = ["-"] * width
     for i in range(ticks + 1):
-        position = min(width - 1, round(i * (width - 1) / ticks))
+        position = min(width - 1, round(i * width / ticks))
         marks[position] = "|"
         text = f"{position * step:.2f}s" if i < ticks else f"{span:.2f}s"
         start = min(max(0, position - len(text) // 2), len(ruler) - len(text))

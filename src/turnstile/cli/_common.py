@@ -4,11 +4,14 @@ that validate with :mod:`turnstile._core.validate`, connecting, and safe printin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
@@ -36,6 +39,9 @@ URL_HELP = (
 
 Handler = Callable[[argparse.Namespace], int]
 F = TypeVar("F")
+
+
+STOPPING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 class Terminated(BaseException):
@@ -93,6 +99,29 @@ def connect(args: argparse.Namespace) -> Client:
     from .. import connect as _connect
 
     return _connect(given_url(args))
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise :class:`Terminated` (SIGINT already raises KeyboardInterrupt),
+    so that ``finally`` blocks run: a blocking acquire leaves the line, the demo stops its
+    workers. Signals the caller chose to ignore stay ignored."""
+    previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(signum)
+
+    for signum in STOPPING:
+        current = signal.getsignal(signum)
+        if current == signal.SIG_IGN:
+            continue
+        previous[signum] = current
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # -- argument types: parse, validate with the core's rules, name the argument -------------

@@ -213,14 +213,15 @@ def _demo(
             print(f"workers ready in {seconds:.2f} s; webhooks arriving\n", file=out, flush=True)
 
     try:
-        result = scenario.run_scenario(
-            url,
-            schedule,
-            workers=workers,
-            options={"ttl": args.ttl, "timeout": 60.0, "prefix": prefix},
-            on_update=display.update if display is not None else None,
-            on_ready=ready,
-        )
+        with _common.stop_on_signals():  # SIGTERM: stop the workers, then exit 143
+            result = scenario.run_scenario(
+                url,
+                schedule,
+                workers=workers,
+                options={"ttl": args.ttl, "timeout": 60.0, "prefix": prefix},
+                on_update=display.update if display is not None else None,
+                on_ready=ready,
+            )
     except scenario.DemoError as exc:
         _common.error(f"the demo could not run: {exc}", _common.secrets_of(url))
         return _common.EXIT_FAILURE
@@ -309,7 +310,7 @@ class _ProgressLines(_Display):
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.running: dict[str, str] = {}  # order -> webhook id running
-        self.last_end: dict[str, float] = {}  # order -> when its last event ended
+        self.last_end: dict[str, tuple[str, float]] = {}  # order -> last event ended, when
         self.arrived: dict[str, float] = {}
 
     def update(self, u: scenario.Update) -> None:
@@ -323,11 +324,12 @@ class _ProgressLines(_Display):
             waited = u.at - self.arrived.get(hook, u.at)
             text = f"{hook} started on worker {u.worker}, token {u.token}"
             if order in self.last_end and waited > 0.002:
-                handover = (u.at - self.last_end[order]) * 1000
-                text += f" (waited {waited:.3f} s; handed over {handover:.1f} ms after the last)"
+                previous, ended = self.last_end[order]
+                handover = (u.at - ended) * 1000
+                text += f" (waited {waited:.3f} s; {handover:.1f} ms after {previous} ended)"
         elif u.kind == "ended":
             self.running.pop(order, None)
-            self.last_end[order] = u.at
+            self.last_end[order] = (hook, u.at)
             text = f"{hook} done"
         else:
             self.running.pop(order, None)

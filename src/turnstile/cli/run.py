@@ -18,7 +18,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from types import FrameType
 
 from .._core import timing
@@ -32,7 +31,6 @@ from ._common import (
     EXIT_NOT_FOUND,
     EXIT_SIGNAL_BASE,
     EXIT_TIMEOUT,
-    Terminated,
 )
 
 EPILOG = """\
@@ -56,7 +54,6 @@ FORWARDED: tuple[signal.Signals, ...] = tuple(
     for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
     if hasattr(signal, n)
 )
-STOPPING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 # Python ignores these at startup; CMD gets the defaults back (as subprocess does).
 RESET_FOR_CHILD = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
 SI_KERNEL = 0x80  # Linux si_code of signals the kernel sends, e.g. a terminal's Ctrl-C
@@ -196,7 +193,7 @@ def run_command(args: argparse.Namespace) -> int:
         started = time.monotonic()
         lease: Lease | None = None
         try:
-            with _stop_on_signals():
+            with _common.stop_on_signals():
                 try:
                     lease = sem.acquire(timeout=args.timeout, holder=holder)
                 except AcquireTimeout:
@@ -237,29 +234,6 @@ def _timeout_message(sem: Semaphore, shown: str, timeout: float | None) -> str:
         message += f" (held by {holders}{more}"
         message += f"; {len(status.waiters)} waiting)" if status.waiters else ")"
     return message
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """While waiting in line: SIGTERM/SIGHUP raise :class:`Terminated` (SIGINT already
-    raises KeyboardInterrupt), so the blocking acquire leaves the line before we exit.
-    Signals the caller chose to ignore stay ignored."""
-    previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
-
-    for signum in STOPPING:
-        current = signal.getsignal(signum)
-        if current == signal.SIG_IGN:
-            continue
-        previous[signum] = current
-        signal.signal(signum, stop)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 class _LostAlarm:
