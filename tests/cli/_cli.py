@@ -64,6 +64,11 @@ def spawn(
     )
 
 
+def stderr_of(proc: subprocess.Popen[str]) -> str:
+    assert proc.stderr is not None
+    return proc.stderr.read()
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

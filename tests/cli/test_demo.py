@@ -63,8 +63,20 @@ def _check_report(report: dict[str, object], orders: int, per_order: int) -> Non
 
 def test_demo_json_report_with_configured_sizes() -> None:
     result = run(
-        "demo", "--orders", "3", "--events-per-order", "3", "--work-ms", "80",
-        "--gap-ms", "10", "--arrival", "interleaved", "--workers", "6", "--json",
+        "demo",
+        "--orders",
+        "3",
+        "--events-per-order",
+        "3",
+        "--work-ms",
+        "80",
+        "--gap-ms",
+        "10",
+        "--arrival",
+        "interleaved",
+        "--workers",
+        "6",
+        "--json",
         timeout=90,
     )
     assert result.returncode == 0, result.stderr
@@ -76,9 +88,7 @@ def test_demo_json_report_with_configured_sizes() -> None:
 
 
 def test_demo_on_a_given_url_uses_its_own_names(url: str) -> None:
-    result = run(
-        "demo", "--url", url, "--events", "2,2", "--work-ms", "50", "--json", timeout=90
-    )
+    result = run("demo", "--url", url, "--events", "2,2", "--work-ms", "50", "--json", timeout=90)
     assert result.returncode == 0, result.stderr
     _check_report(json.loads(result.stdout), orders=2, per_order=2)
     path = Path(url.removeprefix("sqlite:///"))

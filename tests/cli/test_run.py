@@ -18,7 +18,7 @@ import pytest
 
 import turnstile
 
-from ._cli import holders, py, run, spawn, wait_until, waiters
+from ._cli import holders, py, run, spawn, stderr_of, wait_until, waiters
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,14 +40,23 @@ sys.exit(0)
 """
 
 
-def _holding(url: str, name: str, *extra: str, child: list[str] | None = None, **kw: object):
-    """Start `turnstile run --lock name -- child` and return once it holds the lock."""
-    proc = spawn("run", "--url", url, "--lock", name, *extra, "--", *(child or py(
-        "import time; print('ready', flush=True); time.sleep(60)"
-    )), **kw)  # type: ignore[arg-type]
-    assert proc.stdout is not None
+SLEEPER = py("import time; print('ready', flush=True); time.sleep(60)")
+
+
+def _holding(
+    url: str,
+    name: str,
+    *extra: str,
+    child: list[str] | None = None,
+    supervisor: str = "sigwaitinfo",
+) -> subprocess.Popen[str]:
+    """Start `turnstile run --lock name … -- child` and return once the child runs (the
+    child prints "ready")."""
+    cmd = child or SLEEPER
+    proc = spawn("run", "--url", url, "--lock", name, *extra, "--", *cmd, supervisor=supervisor)
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
-    assert line.strip() == "ready", (line, proc.stderr.read() if proc.poll() is not None else "")
+    assert line.strip() == "ready", (line, stderr_of(proc) if proc.poll() is not None else "")
     return proc
 
 
@@ -61,8 +70,14 @@ def test_version() -> None:
 @pytest.mark.parametrize("code", [0, 3, 42])
 def test_run_passes_the_exit_code_through(url: str, code: int, supervisor: str) -> None:
     result = run(
-        "run", "--url", url, "--lock", "job", "--",
-        *py(f"import sys; sys.exit({code})"), supervisor=supervisor,
+        "run",
+        "--url",
+        url,
+        "--lock",
+        "job",
+        "--",
+        *py(f"import sys; sys.exit({code})"),
+        supervisor=supervisor,
     )
     assert result.returncode == code, result.stderr
     assert result.stderr == ""
@@ -71,7 +86,12 @@ def test_run_passes_the_exit_code_through(url: str, code: int, supervisor: str) 
 
 def test_run_exit_code_of_a_killed_command_is_128_plus_signal(url: str) -> None:
     result = run(
-        "run", "--url", url, "--lock", "job", "--",
+        "run",
+        "--url",
+        url,
+        "--lock",
+        "job",
+        "--",
         *py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
     )
     assert result.returncode == 128 + signal.SIGKILL
@@ -105,8 +125,17 @@ def test_timeout_has_its_own_exit_code_and_leaves_the_line(url: str) -> None:
         assert "timed out after 0.4 s waiting for lock 'busy' (held by the-holder)" in result.stderr
         assert result.stderr.count("\n") == 1  # one line
         custom = run(
-            "run", "--url", url, "--lock", "busy", "--timeout", "0",
-            "--timeout-exit-code", "9", "--", "true",
+            "run",
+            "--url",
+            url,
+            "--lock",
+            "busy",
+            "--timeout",
+            "0",
+            "--timeout-exit-code",
+            "9",
+            "--",
+            "true",
         )
         assert custom.returncode == 9
         assert waiters(url, "busy") == []  # the timed-out runs left no waiting entry
@@ -140,7 +169,7 @@ def test_concurrent_runs_never_exceed_the_limit(
         for _ in range(runs)
     ]
     for proc in procs:
-        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+        assert proc.wait(timeout=60) == 0, stderr_of(proc) if proc.stderr else ""
     rows = [line.split() for line in out.read_text().splitlines()]
     assert len(rows) == runs
     intervals = [(float(s), float(e)) for s, e, _, _ in rows]
@@ -164,8 +193,12 @@ def test_signals_are_forwarded_to_the_command(
 ) -> None:
     marker = tmp_path / "got"
     proc = _holding(
-        url, "sig", "--holder", "h",
-        child=[*py(TRAPPING_CHILD), str(marker)], supervisor=supervisor,
+        url,
+        "sig",
+        "--holder",
+        "h",
+        child=[*py(TRAPPING_CHILD), str(marker)],
+        supervisor=supervisor,
     )
     proc.send_signal(signum)
     assert proc.wait(timeout=10) == 7
@@ -197,8 +230,18 @@ def test_ctrl_c_in_a_terminal_reaches_the_command_once(url: str, tmp_path: Path)
         f"open({str(marker)!r}, 'w').write(str(count))\n"
         "sys.exit(10 + count)\n"
     )
-    argv = [sys.executable, "-m", "turnstile", "run", "--url", url, "--lock", "tty", "--",
-            *py(child)]
+    argv = [
+        sys.executable,
+        "-m",
+        "turnstile",
+        "run",
+        "--url",
+        url,
+        "--lock",
+        "tty",
+        "--",
+        *py(child),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs at once
@@ -234,7 +277,7 @@ def test_a_signal_while_waiting_leaves_the_line(url: str) -> None:
         wait_until(lambda: waiters(url, "line") == ["second"], what="the waiter in line")
         waiter.send_signal(signal.SIGTERM)
         assert waiter.wait(timeout=10) == 128 + signal.SIGTERM
-        assert "stopped by SIGTERM" in waiter.stderr.read()
+        assert "stopped by SIGTERM" in stderr_of(waiter)
         assert waiters(url, "line") == []
         assert holders(url, "line") == ["first"]
     finally:
@@ -248,15 +291,21 @@ def test_lease_taken_away_terminates_the_command_with_the_lost_code(
 ) -> None:
     marker = tmp_path / "got"
     proc = _holding(
-        url, "lost", "--holder", "L", "--ttl", "0.6",
-        child=[*py(TRAPPING_CHILD), str(marker)], supervisor=supervisor,
+        url,
+        "lost",
+        "--holder",
+        "L",
+        "--ttl",
+        "0.6",
+        child=[*py(TRAPPING_CHILD), str(marker)],
+        supervisor=supervisor,
     )
     with turnstile.connect(url) as client:
         assert client.lock("lost").release(holder="L")  # e.g. an operator's release
     started = time.monotonic()
     assert proc.wait(timeout=10) == 79
     assert time.monotonic() - started < 0.6 + 1.0  # noticed at the next renewal
-    stderr = proc.stderr.read()
+    stderr = stderr_of(proc)
     assert "lost the lease on lock 'lost'" in stderr
     assert "exiting with 79" in stderr and "Traceback" not in stderr
     assert marker.read_text().split() == ["SIGTERM"]
@@ -265,8 +314,16 @@ def test_lease_taken_away_terminates_the_command_with_the_lost_code(
 def test_on_lost_wait_lets_the_command_finish(url: str, tmp_path: Path) -> None:
     done = tmp_path / "done"
     proc = _holding(
-        url, "lost", "--holder", "L", "--ttl", "0.6", "--on-lost", "wait",
-        "--lost-exit-code", "99",
+        url,
+        "lost",
+        "--holder",
+        "L",
+        "--ttl",
+        "0.6",
+        "--on-lost",
+        "wait",
+        "--lost-exit-code",
+        "99",
         child=py(
             "import sys, time; print('ready', flush=True); time.sleep(1.5); "
             f"open({str(done)!r}, 'w').write('x'); sys.exit(4)"
@@ -276,7 +333,7 @@ def test_on_lost_wait_lets_the_command_finish(url: str, tmp_path: Path) -> None:
         client.lock("lost").release(holder="L")
     assert proc.wait(timeout=10) == 99
     assert done.exists()
-    assert "it exited with 4" in proc.stderr.read()
+    assert "it exited with 4" in stderr_of(proc)
 
 
 def test_paused_past_its_ttl_the_holder_learns_it_lost(url: str, tmp_path: Path) -> None:
@@ -294,7 +351,7 @@ def test_paused_past_its_ttl_the_holder_learns_it_lost(url: str, tmp_path: Path)
     finally:
         paused.send_signal(signal.SIGCONT)
     assert paused.wait(timeout=10) == 79
-    assert "lost the lease" in paused.stderr.read()
+    assert "lost the lease" in stderr_of(paused)
     assert marker.read_text().split() == ["SIGTERM"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,24 @@ pytestmark = pytest.mark.timeout(120)
 
 def _hold(url: str, name: str, holder: str) -> tuple[subprocess.Popen[str], int]:
     proc = spawn(
-        "run", "--url", url, "--lock", name, "--holder", holder, "--",
+        "run",
+        "--url",
+        url,
+        "--lock",
+        name,
+        "--holder",
+        holder,
+        "--",
         *py("import os, time; print(os.environ['TURNSTILE_TOKEN'], flush=True); time.sleep(60)"),
     )
     assert proc.stdout is not None
     token = proc.stdout.readline().strip()
     assert token, proc.stderr.read() if proc.stderr else ""
     return proc, int(token)
+
+
+def _in_line(url: str, name: str, holder: str) -> bool:
+    return holder in waiters(url, name)
 
 
 def test_status_shows_holders_and_waiters_in_order(url: str, tmp_path: Path) -> None:
@@ -33,12 +45,21 @@ def test_status_shows_holders_and_waiters_in_order(url: str, tmp_path: Path) -> 
         for name in ("web-2", "web-3"):  # join one after the other: that is their order
             queued.append(
                 spawn(
-                    "run", "--url", url, "--lock", "order:42", "--holder", name, "--",
-                    *py(f"import os; open({str(served)!r}, 'a').write("
-                        "os.environ['TURNSTILE_HOLDER'] + '\\n')"),
+                    "run",
+                    "--url",
+                    url,
+                    "--lock",
+                    "order:42",
+                    "--holder",
+                    name,
+                    "--",
+                    *py(
+                        f"import os; open({str(served)!r}, 'a').write("
+                        "os.environ['TURNSTILE_HOLDER'] + '\\n')"
+                    ),
                 )
             )
-            wait_until(lambda n=name: n in waiters(url, "order:42"), what=f"{name} in line")
+            wait_until(partial(_in_line, url, "order:42", name), what=f"{name} in line")
 
         text = run("status", "--url", url, "order:42")
         assert text.returncode == 0, text.stderr
@@ -65,12 +86,16 @@ def test_status_shows_holders_and_waiters_in_order(url: str, tmp_path: Path) -> 
         listed = json.loads(run("status", "--url", url, "--json").stdout)
         assert [n["name"] for n in listed["names"]] == ["order:42"]
         assert listed["truncated"] is False and listed["url"] == url
-        assert json.loads(run("status", "--url", url, "--json", "--prefix", "order:").stdout)[
-            "names"
-        ][0]["holders"][0]["token"] == token
-        assert json.loads(run("status", "--url", url, "--json", "--prefix", "user:").stdout)[
-            "names"
-        ] == []
+        assert (
+            json.loads(run("status", "--url", url, "--json", "--prefix", "order:").stdout)["names"][
+                0
+            ]["holders"][0]["token"]
+            == token
+        )
+        assert (
+            json.loads(run("status", "--url", url, "--json", "--prefix", "user:").stdout)["names"]
+            == []
+        )
     finally:
         holder.send_signal(signal.SIGTERM)
         holder.wait(timeout=10)

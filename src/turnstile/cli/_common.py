@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 from urllib.parse import quote, unquote, urlsplit
 
 from .._core import urls, validate
@@ -38,7 +38,6 @@ URL_HELP = (
 )
 
 Handler = Callable[[argparse.Namespace], int]
-F = TypeVar("F")
 
 
 STOPPING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
