@@ -4,6 +4,7 @@ module parses the options and shows progress, the timeline and the summary."""
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import os
@@ -296,9 +297,9 @@ def render_summary(summary: scenario.Summary) -> list[str]:
     return lines
 
 
-class _Display:
-    def update(self, update: scenario.Update) -> None:
-        raise NotImplementedError
+class _Display(abc.ABC):
+    @abc.abstractmethod
+    def update(self, update: scenario.Update) -> None: ...
 
     def finish(self) -> None:
         return None

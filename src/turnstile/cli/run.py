@@ -193,6 +193,8 @@ def run_command(args: argparse.Namespace) -> int:
         started = time.monotonic()
         lease: Lease | None = None
         try:
+            # Until the supervisor forwards them, SIGTERM/SIGHUP end us cleanly: leaving the
+            # line, or releasing a lease granted a moment ago.
             with _common.stop_on_signals():
                 try:
                     lease = sem.acquire(timeout=args.timeout, holder=holder)
@@ -204,15 +206,14 @@ def run_command(args: argparse.Namespace) -> int:
                         f"holding {shown} as {_common.printable(holder)!r} "
                         f"(token {lease.token}) after {time.monotonic() - started:.3f} s"
                     )
-            env = dict(os.environ)
-            env.update(
-                TURNSTILE_NAME=name,
-                TURNSTILE_HOLDER=holder,
-                TURNSTILE_TOKEN=str(lease.token),
-                TURNSTILE_LIMIT=str(limit),
-            )
-            supervisor = _Supervisor(lease, command, env, args, shown, alarm)
-            return supervisor.run()
+                env = dict(os.environ)
+                env.update(
+                    TURNSTILE_NAME=name,
+                    TURNSTILE_HOLDER=holder,
+                    TURNSTILE_TOKEN=str(lease.token),
+                    TURNSTILE_LIMIT=str(limit),
+                )
+                return _Supervisor(lease, command, env, args, shown, alarm).run()
         finally:
             if lease is not None:
                 # Idempotent; covers a signal between the grant and the supervisor.
@@ -328,21 +329,21 @@ class _Supervisor:
 
     def run(self) -> int:
         waitset: set[signal.Signals] = {*FORWARDED, signal.SIGCHLD} if _SIGWAIT else set()
-        previous = {s: signal.getsignal(s) for s in FORWARDED}
-        # Fallback path (and, with sigwaitinfo, signals that land on a thread started
-        # before we blocked them): a handler that forwards. Ignored signals stay ignored.
-        for signum in FORWARDED:
-            if previous[signum] != signal.SIG_IGN:
-                signal.signal(signum, self._forward_handler)
         old_mask: set[int | signal.Signals] = set()
         code = EXIT_FAILURE
         ticker: _Ticker | None = None
         if _SIGWAIT:
             # Blocked before the renewer thread starts, so it inherits the mask and every
-            # such signal reaches sigwaitinfo in this thread.
+            # such signal reaches sigwaitinfo in this thread (pending ones too, once CMD runs).
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waitset)
             self.alarm.wake_thread = threading.get_ident()
             ticker = _Ticker(threading.get_ident())
+        # Fallback path (and, with sigwaitinfo, signals that land on a thread started
+        # before we blocked them): a handler that forwards. Ignored signals stay ignored.
+        previous = {s: signal.getsignal(s) for s in FORWARDED}
+        for signum in FORWARDED:
+            if previous[signum] != signal.SIG_IGN:
+                signal.signal(signum, self._forward_handler)
         try:
             try:
                 with self.lease:  # renews every ttl/3 until the block ends, then releases
