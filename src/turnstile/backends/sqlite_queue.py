@@ -321,14 +321,17 @@ class SQLiteQueueStore:
         def step(conn: sqlite3.Connection, now: float) -> tuple[int, int]:
             seqs = self._dead_seqs(conn, name, ids)
             for seq in seqs:  # re-insert at the end of the queue (a new seq), in put order
-                conn.execute(
-                    f"INSERT INTO {M} (queue, id, key, body, kind, enqueued_at, available_at,"
-                    " attempts, max_attempts, state)"
-                    f" SELECT queue, id, key, body, kind, enqueued_at, ?, 0, max_attempts,"
-                    f" {READY} FROM {M} WHERE seq = ?",
-                    (now, seq),
-                )
+                row = conn.execute(
+                    f"SELECT queue, id, key, body, kind, enqueued_at, max_attempts FROM {M}"
+                    " WHERE seq = ?",
+                    (seq,),
+                ).fetchone()
                 conn.execute(f"DELETE FROM {M} WHERE seq = ?", (seq,))
+                conn.execute(
+                    f"INSERT INTO {M} (queue, id, key, body, kind, enqueued_at, max_attempts,"
+                    f" available_at, attempts, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, {READY})",
+                    (*row, now),
+                )
             return len(seqs), len(seqs)
 
         return self._tx(name, step)
