@@ -1,9 +1,9 @@
 """The async API: every name of :mod:`turnstile`, awaited.
 
-    import turnstile.aio
-    client = await turnstile.aio.connect()
-    async with client.lock("order:42", ttl=30).acquire(timeout=60) as lease:
-        ...
+import turnstile.aio
+client = await turnstile.aio.connect()
+async with client.lock("order:42", ttl=30).acquire(timeout=60) as lease:
+    ...
 """
 
 from __future__ import annotations

@@ -121,10 +121,8 @@ class AsyncClient:
             @functools.wraps(fn)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
                 name = base + str(getter(args, kwargs))
-                async with self.lock(name, ttl).acquire(timeout=timeout):  # unasync: async-only
-                # unasync: sync-only
-                # with self.lock(name, ttl).acquire(timeout=timeout):
-                # unasync: end
+                lease = await self.lock(name, ttl).acquire(timeout=timeout)
+                async with lease:
                     return await fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -143,10 +141,8 @@ class AsyncClient:
 
             @functools.wraps(fn)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with sem.acquire(timeout=timeout):  # unasync: async-only
-                # unasync: sync-only
-                # with sem.acquire(timeout=timeout):
-                # unasync: end
+                lease = await sem.acquire(timeout=timeout)
+                async with lease:
                     return await fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -181,14 +177,14 @@ class AsyncClient:
         await self.close()
 
 
-def _key_getter(fn: Any, key: Callable[..., Any] | str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+def _key_getter(
+    fn: Any, key: Callable[..., Any] | str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     if callable(key):
         return lambda args, kwargs: key(*args, **kwargs)
     signature = inspect.signature(fn)
     if key not in signature.parameters:
-        raise InvalidArgument(
-            f"key={key!r} is not a parameter of {fn.__qualname__}{signature}"
-        )
+        raise InvalidArgument(f"key={key!r} is not a parameter of {fn.__qualname__}{signature}")
 
     def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         bound = signature.bind(*args, **kwargs)

@@ -61,9 +61,7 @@ class AsyncLease:
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
-        return (
-            f"<Lease name={self.name!r} holder={self.holder!r} token={self.token} {state}>"
-        )
+        return f"<Lease name={self.name!r} holder={self.holder!r} token={self.token} {state}>"
 
     @property
     def lost(self) -> bool:
@@ -244,7 +242,9 @@ class AsyncSemaphore:
             on_lost=self._on_lost,
         )
 
-    async def _step(self, holder: str, wait_ttl: float, enqueue: bool) -> tuple[AcquireResult, float]:
+    async def _step(
+        self, holder: str, wait_ttl: float, enqueue: bool
+    ) -> tuple[AcquireResult, float]:
         sent = time.monotonic()
         result = await self._backend.acquire(
             self.name, holder, limit=self.limit, ttl=self.ttl, wait_ttl=wait_ttl, enqueue=enqueue
@@ -379,4 +379,3 @@ class AsyncLock(AsyncSemaphore):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} ttl={self.ttl}>"
-

@@ -122,7 +122,8 @@ class Client:
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 name = base + str(getter(args, kwargs))
-                with self.lock(name, ttl).acquire(timeout=timeout):
+                lease = self.lock(name, ttl).acquire(timeout=timeout)
+                with lease:
                     return fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -141,7 +142,8 @@ class Client:
 
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                with sem.acquire(timeout=timeout):
+                lease = sem.acquire(timeout=timeout)
+                with lease:
                     return fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -176,14 +178,14 @@ class Client:
         self.close()
 
 
-def _key_getter(fn: Any, key: Callable[..., Any] | str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+def _key_getter(
+    fn: Any, key: Callable[..., Any] | str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     if callable(key):
         return lambda args, kwargs: key(*args, **kwargs)
     signature = inspect.signature(fn)
     if key not in signature.parameters:
-        raise InvalidArgument(
-            f"key={key!r} is not a parameter of {fn.__qualname__}{signature}"
-        )
+        raise InvalidArgument(f"key={key!r} is not a parameter of {fn.__qualname__}{signature}")
 
     def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         bound = signature.bind(*args, **kwargs)

@@ -170,10 +170,12 @@ class SQLiteStore:
     def _snapshot(
         state: model.NameState,
     ) -> tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]]:
-        holders = {
+        holders: dict[str, tuple[object, ...]] = {
             k: (h.token, h.acquired_at, h.expires_at, h.claimed) for k, h in state.holders.items()
         }
-        waiters = {w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at) for w in state.waiters}
+        waiters: dict[str, tuple[object, ...]] = {
+            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at) for w in state.waiters
+        }
         return state.limit, holders, waiters
 
     def _save(
@@ -285,9 +287,7 @@ class SQLiteStore:
         def step(
             state: model.NameState, now: float, tokens: Callable[[], int]
         ) -> tuple[Grant | None, list[str]]:
-            return model.renew(
-                state, name=name, holder=holder, token=token, ttl=ttl, now=now
-            ), []
+            return model.renew(state, name=name, holder=holder, token=token, ttl=ttl, now=now), []
 
         return self._mutate(name, step)
 

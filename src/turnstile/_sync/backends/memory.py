@@ -122,8 +122,10 @@ class MemoryBackend:
                 n
                 for n, s in self._states.items()
                 if n.startswith(prefix)
-                and (any(h.expires_at > now for h in s.holders.values())
-                     or any(w.expires_at > now for w in s.waiters))
+                and (
+                    any(h.expires_at > now for h in s.holders.values())
+                    or any(w.expires_at > now for w in s.waiters)
+                )
             ]
         return sorted(live)[:max_count]
 
