@@ -10,7 +10,10 @@ import pytest
 
 import turnstile
 import turnstile.aio
-from tests.contract.queue_support import aqclient, qclient  # noqa: F401  (fixtures)
+from tests.contract import queue_support
+
+aqclient = queue_support.aqclient  # the fixture, for this module
+qclient = queue_support.qclient  # the fixture, for this module
 
 Client = turnstile.Client
 

@@ -17,6 +17,7 @@ On ``memory://`` (one process) consumers are threads and "kill" abandons a messa
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -33,8 +34,10 @@ import pytest
 
 import turnstile
 from tests.conftest import BackendUnderTest
-from tests.contract.queue_support import qclient  # noqa: F401  (fixture)
+from tests.contract import queue_support
 from tests.contract.queue_worker import run as run_worker
+
+qclient = queue_support.qclient  # the fixture, for this module
 
 ROOT = Path(__file__).resolve().parents[2]
 VT = 1.0
@@ -203,15 +206,15 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
     for mid in redelivered:
         ds = sorted(deliveries[mid], key=lambda d: d[1])
         assert [a for a, _ in ds] == sorted({a for a, _ in ds}), f"attempts of {mid}: {ds}"
-        for (_, t0), (_, t1) in zip(ds, ds[1:], strict=False):
+        for (_, t0), (_, t1) in itertools.pairwise(ds):
             assert t1 - t0 > VT * 0.5, f"{mid} redelivered after {t1 - t0:.3f} s < VT"
     # per-key order and one in flight per key
     first_start = {mid: min(t for _, t in ds) for mid, ds in deliveries.items()}
     for key, order in put_order.items():
-        for a, b in zip(order, order[1:], strict=False):
+        for a, b in itertools.pairwise(order):
             assert first_start[b] > success_end[a], f"{key}: {b} started before {a} was done"
         spans = sorted((s, e) for s, e, _, k in intervals if k == key)
-        for (s0, e0), (s1, _) in zip(spans, spans[1:], strict=False):
+        for (_, e0), (s1, _) in itertools.pairwise(spans):
             assert s1 >= e0, f"{key}: two messages in flight at once"
     # the global cap
     edges = sorted([(s, 1) for s, _, _, _ in intervals] + [(e, -1) for _, e, _, _ in intervals],

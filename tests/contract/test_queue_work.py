@@ -18,7 +18,10 @@ import pytest
 import turnstile
 import turnstile.aio
 from tests.conftest import BackendUnderTest
-from tests.contract.queue_support import aqclient, qclient  # noqa: F401  (fixtures)
+from tests.contract import queue_support
+
+aqclient = queue_support.aqclient  # the fixture, for this module
+qclient = queue_support.qclient  # the fixture, for this module
 
 ROOT = Path(__file__).resolve().parents[2]
 
