@@ -110,6 +110,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=10.0,
         help="lease ttl of the per-order locks (default 10)",
     )
+    size.add_argument(
+        "--queue",
+        action="store_true",
+        help="solve it by arrival order instead: put each webhook into a queue keyed by its "
+        "order; workers take the next deliverable one (no worker waits on a lock)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--json", action="store_true", help="print only a JSON report (scenario, events, summary)"
@@ -158,6 +164,11 @@ def events_per_order(args: argparse.Namespace) -> list[int]:
 
 def demo_command(args: argparse.Namespace) -> int:
     counts = events_per_order(args)
+    run = _demo
+    if args.queue:  # the same webhooks, solved by arrival order (cli/demo_queue.py)
+        from . import demo_queue
+
+        run = demo_queue.run
     schedule = scenario.arrival_schedule(
         counts, gap=args.gap_ms, work=args.work_ms, arrival=args.arrival, seed=args.seed
     )
@@ -166,9 +177,9 @@ def demo_command(args: argparse.Namespace) -> int:
     if url is None:
         with tempfile.TemporaryDirectory(prefix="turnstile-demo-") as folder:
             db = os.path.join(folder, "demo.db")
-            return _demo(args, schedule, workers, f"sqlite:///{db}", prefix="")
+            return run(args, schedule, workers, f"sqlite:///{db}", prefix="")
     _check_shared(url)
-    return _demo(args, schedule, workers, url, prefix=f"demo-{secrets.token_hex(4)}:")
+    return run(args, schedule, workers, url, prefix=f"demo-{secrets.token_hex(4)}:")
 
 
 def _check_shared(url: str) -> None:
