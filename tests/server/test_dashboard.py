@@ -166,3 +166,52 @@ def test_dashboard_never_interprets_names_as_html(browser: Any, server: ServerPr
         page.close()
     finally:
         client.close()
+
+
+def test_dashboard_shows_queues_and_requeues_dead_letters(
+    browser: Any, server: ServerProcess
+) -> None:
+    client = turnstile.connect(server.url("admin"))
+    try:
+        q = client.queue("a:webhooks", max_attempts=1)
+        for i in range(3):
+            q.put({"n": i}, key="order-7")
+        q.put({"n": 9}, key="order-8")
+        failing = q.get(timeout=1)
+        assert failing is not None
+        failing.nack(error="handler crashed")  # the only attempt: a dead letter
+        in_flight = q.get(timeout=1)
+        assert in_flight is not None
+
+        page = open_dashboard(browser, server, "admin")
+        row = page.locator("[data-testid=queue][data-name='a:webhooks']")
+        row.wait_for(timeout=10_000)
+        cells = row.locator("td").all_inner_texts()
+        # queue, ready, delayed, in flight, dead, oldest, deepest keys, action
+        assert cells[0] == "a:webhooks"
+        assert (cells[1], cells[3], cells[4]) == ("2", "1", "1")
+        assert "order-7 (2)" in cells[6]
+        events = page.locator("[data-testid=events]").inner_text()
+        assert "queue_nacked" in events and "queue_put" in events
+        # A read-only tenant sees the queue (with its dead letter) but no admin button.
+        reader = open_dashboard(browser, server, "reader-a")
+        reader_row = reader.locator("[data-testid=queue][data-name='a:webhooks']")
+        reader_row.wait_for(timeout=10_000)
+        assert reader_row.locator("td").all_inner_texts()[4] == "1"
+        assert reader.locator("[data-testid=requeue]").count() == 0
+        reader.close()
+
+        row.locator("[data-testid=requeue]").click()
+        deadline = time.monotonic() + 10
+        while row.locator("td").all_inner_texts()[4] != "0":
+            assert time.monotonic() < deadline, "requeue did not show"
+            time.sleep(0.1)
+        assert q.stats().dead == 0 and q.stats().ready == 3
+        page.close()
+        other = open_dashboard(browser, server, "tenant-b")
+        other.wait_for_function("document.querySelector('[data-testid=live]')"
+                                ".textContent.startsWith('live')")
+        assert other.locator("[data-testid=queue]").count() == 0
+        other.close()
+    finally:
+        client.close()

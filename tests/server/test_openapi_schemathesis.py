@@ -17,6 +17,7 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
 from tests.http_server import ServerProcess, start_server  # noqa: E402
+from turnstile._core import queue_models as qm  # noqa: E402
 from turnstile._core.validate import MAX_HOLDER_BYTES, MAX_NAME_BYTES  # noqa: E402
 
 EXAMPLES = int(os.environ.get("TURNSTILE_SCHEMATHESIS_EXAMPLES", "30"))
@@ -41,11 +42,18 @@ def within_byte_limits(case: Any) -> bool:
     cases over the byte limits are not valid, so they are dropped here."""
     body = case.body if isinstance(case.body, dict) else {}
     values = {**body, **(case.query or {})}
-    for field, limit in (("name", MAX_NAME_BYTES), ("holder", MAX_HOLDER_BYTES)):
-        value = values.get(field)
-        if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > limit:
+    limits = (("name", MAX_NAME_BYTES), ("holder", MAX_HOLDER_BYTES), ("queue", MAX_NAME_BYTES),
+              ("key", qm.MAX_KEY_BYTES), ("dedup_id", qm.MAX_DEDUP_ID_BYTES), ("id", 256),
+              ("receipt", 256))
+
+    def too_long(value: object, limit: int) -> bool:
+        return isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > limit
+
+    for field, limit in limits:
+        if too_long(values.get(field), limit):
             return False
-    return True
+    ids = values.get("ids")
+    return not (isinstance(ids, list) and any(too_long(i, 256) for i in ids))
 
 
 @pytest.mark.parametrize("mode", ["positive", "negative"])
@@ -85,7 +93,7 @@ def test_api_conforms_to_its_document(schema_server: ServerProcess, mode: str) -
             assert generation is GenerationMode.NEGATIVE, operation.path
         except Exception as exc:
             failures.append(f"{operation.method.upper()} {operation.path}: {exc}")
-    assert operations >= 14
+    assert operations >= 27
     assert not failures, "\n\n".join(failures)
 
 

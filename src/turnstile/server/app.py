@@ -26,10 +26,11 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from .. import __version__
+from .._core import queue_models as qm
 from .._core import validate
 from ..aio import AsyncClient
 from ..errors import InvalidArgument
-from . import locks, openapi
+from . import locks, openapi, queues
 from .common import Ctx, Service, query_int
 from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, ServerConfig
 from .errors import error_response, from_exception
@@ -61,6 +62,7 @@ async def info(ctx: Ctx) -> Any:
             "min_ttl": validate.MIN_TTL,
             "max_ttl": validate.MAX_TTL,
             "max_limit": validate.MAX_LIMIT,
+            "max_payload_bytes": qm.MAX_PAYLOAD_BYTES,
         },
         "auth": {"required": not config.tokens.open},
         "principal": ctx.principal.to_dict(),
@@ -77,7 +79,7 @@ async def dashboard_data(ctx: Ctx) -> Any:
         "principal": ctx.principal.to_dict(),
         "names": items,
         "truncated": truncated,
-        "queues": [],
+        "queues": [q.to_dict() for q in await service.queue_stats(ctx.principal, 50)],
         "events": [e.to_dict() for e in service.events.since(since, ctx.principal)],
         "cursor": service.events.last_seq,
         "instance": {"started": service.started, "version": __version__},
@@ -97,8 +99,27 @@ async def healthz(service: Service) -> Response:
     return JSONResponse({"status": "ok", "backend": service.client.characteristics.scheme})
 
 
+QUEUE_GAUGES = (
+    ("turnstile_queue_ready", "ready", "Messages due now, per queue."),
+    ("turnstile_queue_delayed", "delayed", "Messages not yet due, per queue."),
+    ("turnstile_queue_in_flight", "in_flight", "Messages handed out and not settled, per queue."),
+    ("turnstile_queue_dead", "dead", "Dead letters, per queue."),
+)
+
+
 async def metrics(ctx: Ctx) -> Response:
     gauges: list[Gauge] = []
+    for found in await ctx.service.queue_stats(ctx.principal, 200):
+        labels = (("queue", found.name),)
+        for metric, field, help_text in QUEUE_GAUGES:
+            gauges.append(Gauge(metric, help_text, labels, getattr(found, field)))
+        if found.oldest_age is not None:
+            gauges.append(Gauge(
+                "turnstile_queue_oldest_age_seconds",
+                "Age of the oldest pending message, per queue.",
+                labels,
+                found.oldest_age,
+            ))
     return PlainTextResponse(
         ctx.service.metrics.render(gauges),
         media_type="text/plain; version=0.0.4; charset=utf-8",
@@ -166,6 +187,17 @@ def create_app(config: ServerConfig | None = None, client: AsyncClient | None = 
     add("/v1/info", info, ["GET"])
     add("/v1/dashboard", dashboard_data, ["GET"], ("since",))
     add("/v1/admin/force-release", locks.force_release, ["POST"])
+    add("/v1/queues", queues.known, ["GET"])
+    add("/v1/queues/put", queues.put, ["POST"])
+    add("/v1/queues/get", queues.get, ["POST"])
+    add("/v1/queues/claim", queues.claim, ["POST"])
+    add("/v1/queues/ack", queues.ack, ["POST"])
+    add("/v1/queues/nack", queues.nack, ["POST"])
+    add("/v1/queues/extend", queues.extend, ["POST"])
+    add("/v1/queues/stats", queues.stats, ["GET", "POST"], ("queue", "top_keys"))
+    add("/v1/queues/dead", queues.dead, ["GET", "POST"], ("queue", "limit"))
+    add("/v1/admin/requeue-dead", queues.requeue_dead, ["POST"])
+    add("/v1/admin/purge-dead", queues.purge_dead, ["POST"])
     add("/metrics", metrics, ["GET"])
 
     async def health(request: Request) -> Response:

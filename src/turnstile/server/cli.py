@@ -85,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between background looks that notice expiries (0: off; default: 2)",
     )
     parser.add_argument(
+        "--queue",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a queue to show on the dashboard and in /metrics from the start (repeatable; "
+        "queues used through the service are added as they are used)",
+    )
+    parser.add_argument(
         "--ready-file",
         metavar="FILE",
         default=None,
@@ -162,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             max_wait=args.max_wait,
             max_body=args.max_body,
             observe_interval=args.observe_interval,
+            queues=tuple(args.queue),
         )
     except TurnstileError as exc:
         return _fail(str(exc))

@@ -15,19 +15,21 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from .._core.models import Grant, Status
+from .._core.queue_models import QueueStats
 from ..aio import AsyncClient
 from ..aio import connect as aio_connect
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, NotSupported
 from .auth import Principal, bearer
 from .config import ServerConfig
 from .errors import ApiError
 from .metrics import Metrics
-from .observe import EventLog, Tracker
+from .observe import Bounded, EventLog, Tracker
 
 log = logging.getLogger("turnstile.server")
 T = TypeVar("T")
 
 MAX_LIST = 10_000
+MAX_KNOWN_QUEUES = 1000
 
 
 class Service:
@@ -42,6 +44,11 @@ class Service:
         self.tracker = Tracker(self.events, self.metrics)
         self.started = time.time()
         self.closing = asyncio.Event()  # set when this instance starts shutting down
+        # Queues this instance knows: configured, or used through it (the store keeps no
+        # list of queues). Only for the dashboard and /metrics.
+        self._queues: Bounded[str, None] = Bounded(MAX_KNOWN_QUEUES)
+        for name in config.queues:
+            self._queues.put(name, None)
         self._observer: asyncio.Task[None] | None = None
 
     @property
@@ -98,6 +105,27 @@ class Service:
         for status in statuses:
             self.tracker.observe(status)
         return [s for s in statuses if s.holders or s.waiters], truncated
+
+    def queue_seen(self, name: str) -> None:
+        if name not in self._queues:
+            self._queues.put(name, None)
+
+    def known_queues(self, principal: Principal) -> list[str]:
+        return sorted(n for n in self._queues.ordered() if principal.can_read(n))
+
+    async def queue_stats(self, principal: Principal, max_queues: int) -> list[QueueStats]:
+        """Stats of the known queues the principal may read (skipping any that fail)."""
+        names = self.known_queues(principal)[:max_queues]
+
+        async def one(name: str) -> QueueStats | None:
+            try:
+                stats: QueueStats = await self.client.queue(name).stats(5)
+            except NotSupported:
+                return None
+            return stats
+
+        found = await _gather([one(n) for n in names], limit=8)
+        return [s for s in found if s is not None]
 
     def authenticate(self, request: Request) -> Principal:
         presented = bearer(request.headers.get("authorization"))

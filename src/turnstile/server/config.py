@@ -25,6 +25,7 @@ class ServerConfig:
     observe_max_names: int = 500
     dashboard_max_names: int = 200
     event_capacity: int = 1000
+    queues: tuple[str, ...] = ()  # queues to show on the dashboard and in /metrics from start
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_wait <= 3600:

@@ -121,6 +121,14 @@ class EventLog:
         return self._events[-1].seq if self._events else 0
 
 
+QUEUE_COUNTERS = {
+    "put": "queue_puts",
+    "delivered": "queue_deliveries",
+    "acked": "queue_acks",
+    "nacked": "queue_nacks",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class _Seen:
     now: float
@@ -190,6 +198,27 @@ class Tracker:
         self._asking.pop((name, holder))
         self.metrics.inc("acquire_timeouts")
         self.events.add("timeout", name, holder=holder, detail=f"not granted within {wait:g} s")
+
+    def queue_event(
+        self,
+        kind: str,
+        queue: str,
+        message_id: str | None,
+        key: str | None,
+        attempt: int | None = None,
+        detail: str = "",
+    ) -> None:
+        counter = QUEUE_COUNTERS.get(kind)
+        if counter is not None:
+            self.metrics.inc(counter)
+        parts = [detail] if detail else []
+        if message_id is not None:
+            parts.append(f"message {message_id}")
+        if key is not None:
+            parts.append(f"key {key}")
+        if attempt is not None:
+            parts.append(f"attempt {attempt}")
+        self.events.add(f"queue_{kind}", queue, detail=" · ".join(parts))
 
     # -- observations ---------------------------------------------------------------------
     def observe(self, status: Status) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from .._core import queue_models as qm
 from .._core import validate
 from .errors import CODES
 
@@ -350,6 +351,7 @@ def document(config: ServerConfig) -> dict[str, Any]:
         "admin",
         "force_release",
     )
+    paths.update(_queue_paths(config))
     paths["/healthz"] = {
         "get": {
             "operationId": "healthz",
@@ -506,7 +508,7 @@ def document(config: ServerConfig) -> dict[str, Any]:
             "principal": _ref("Principal"),
             "names": {"type": "array", "items": _ref("Status")},
             "truncated": {"type": "boolean"},
-            "queues": {"type": "array", "items": {"type": "object"}},
+            "queues": {"type": "array", "items": _ref("QueueStats")},
             "events": {"type": "array", "items": _ref("Event")},
             "cursor": {"type": "integer"},
             "instance": {"type": "object"},
@@ -528,6 +530,8 @@ def document(config: ServerConfig) -> dict[str, Any]:
             {"name": "locks", "description": "One holder at a time, in arrival order."},
             {"name": "semaphores", "description": "At most `limit` holders, in arrival order."},
             {"name": "admin", "description": "Needs an admin token."},
+            {"name": "queues", "description": "Keyed FIFO queues: one message per key in "
+             "flight, in put order; at least once."},
             {"name": "service", "description": "Health, metrics, discovery."},
         ],
         "paths": paths,
@@ -542,6 +546,248 @@ def document(config: ServerConfig) -> dict[str, Any]:
                 "Event": event,
                 "Info": info,
                 "Dashboard": dashboard,
+                **_queue_schemas(),
             },
         },
+    }
+
+
+# -- queues ----------------------------------------------------------------------------------
+
+QUEUE: Schema = {**NAME, "description": "The queue's name. " + NAME["description"],
+                 "examples": ["webhooks"]}
+BASE64: Schema = {
+    "type": "string",
+    "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+    "contentEncoding": "base64",
+    "description": "A bytes payload, base64-encoded (instead of `payload`).",
+}
+TEXT_ID: Schema = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^\\u0000]+$"}
+
+
+def _settings() -> dict[str, Schema]:
+    return {
+        "visibility_timeout": {
+            "type": "number",
+            "minimum": qm.MIN_VISIBILITY,
+            "maximum": qm.MAX_VISIBILITY,
+            "default": 30,
+            "description": "Seconds a delivered message stays invisible unless settled.",
+        },
+        "max_attempts": {
+            "type": "integer", "minimum": 1, "maximum": qm.MAX_ATTEMPTS, "default": 5,
+            "description": "Deliveries before a message becomes a dead letter.",
+        },
+        "concurrency": {
+            "type": ["integer", "null"], "minimum": 1, "maximum": validate.MAX_LIMIT,
+            "description": "At most this many messages of the queue in flight (null: no cap).",
+        },
+    }
+
+
+def _queue_paths(config: ServerConfig) -> dict[str, Any]:
+    tag = "queues"
+    paths: dict[str, Any] = {}
+    settle = {"queue": QUEUE, "id": TEXT_ID, "receipt": TEXT_ID}
+    count = {"type": "integer", "minimum": 1, "maximum": qm.MAX_LIST}
+    ids = {
+        "type": ["array", "null"], "maxItems": qm.MAX_LIST, "items": TEXT_ID,
+        "description": "Dead letters by id (default: all).",
+    }
+    paths["/v1/queues"] = {
+        "get": {
+            "operationId": "queues_known",
+            "tags": [tag],
+            "summary": "Queues this instance knows (configured with --queue, or used through "
+            "it), that the token may read. The store keeps no list of queues.",
+            "responses": {
+                "200": _ok(_obj(["queues"], {"queues": {"type": "array",
+                                                        "items": {"type": "string"}}})),
+                **_errors(*AUTH_ERRORS, *STORE_ERRORS),
+            },
+        }
+    }
+    paths["/v1/queues/put"] = _post(
+        "Put a message",
+        "One message per key is in flight at a time, in put order; keyless messages are "
+        f"plain FIFO. The encoded payload may be at most {qm.MAX_PAYLOAD_BYTES} bytes. The "
+        "same `dedup_id` within `dedup_window` seconds stores nothing and answers the first "
+        "message's id with `created: false`. A caller-chosen `id` makes retries safe.",
+        {
+            **_obj(["queue"], {
+                "queue": QUEUE,
+                "payload": {"description": "Any JSON value."},
+                "payload_base64": BASE64,
+                "key": {**TEXT_ID, "maxLength": qm.MAX_KEY_BYTES,
+                        "description": f"1 to {qm.MAX_KEY_BYTES} bytes of UTF-8."},
+                "delay": {"type": "number", "minimum": 0, "maximum": qm.MAX_DELAY,
+                          "default": 0},
+                "dedup_id": {**TEXT_ID, "maxLength": qm.MAX_DEDUP_ID_BYTES},
+                "id": TEXT_ID,
+                "max_attempts": _settings()["max_attempts"],
+                "dedup_window": {"type": "number", "minimum": qm.MIN_DEDUP_WINDOW,
+                                 "maximum": qm.MAX_DEDUP_WINDOW,
+                                 "default": qm.DEFAULT_DEDUP_WINDOW},
+            }),
+            "oneOf": [{"required": ["payload"]}, {"required": ["payload_base64"]}],
+        },
+        _obj(["id", "created", "now"], {"id": {"type": "string"},
+                                        "created": {"type": "boolean"}, "now": TIME}),
+        (),
+        tag,
+        "queues_put",
+    )
+    paths["/v1/queues/get"] = _post(
+        "Take the next deliverable message, waiting up to `wait` seconds",
+        "The oldest ready message whose key has nothing in flight, while fewer than "
+        "`concurrency` are in flight. `message: null` if none came within `wait` (at most "
+        f"{config.max_wait:g} s on this service). Settle it with ack, nack or extend before "
+        "its `deadline`. If the client disconnects while a message is being handed to it, "
+        "the message is returned to the queue at once.",
+        _obj(["queue"], {
+            "queue": QUEUE,
+            "wait": {"type": "number", "minimum": 0, "maximum": config.max_wait, "default": 0},
+            **_settings(),
+        }),
+        _obj(["message"], {"message": {"oneOf": [_ref("QueueMessage"), {"type": "null"}]}}),
+        (),
+        tag,
+        "queues_get",
+    )
+    paths["/v1/queues/claim"] = _post(
+        "Low level: one claim step (never waits), with the store's `now` and `retry_after`",
+        "Used by the Python client.",
+        _obj(["queue"], {"queue": QUEUE, "receipt": TEXT_ID, **_settings()}),
+        _obj(["message", "now", "retry_after"], {
+            "message": {"oneOf": [_ref("QueueMessage"), {"type": "null"}]},
+            "now": TIME,
+            "retry_after": {"type": ["number", "null"], "minimum": 0},
+        }),
+        (),
+        tag,
+        "queues_claim",
+    )
+    paths["/v1/queues/ack"] = _post(
+        "Done: delete the message (from any process)",
+        "`acked: false` if the receipt is stale (the message timed out and is, or will be, "
+        "delivered again) or it was already settled.",
+        _obj(["queue", "id", "receipt"], settle),
+        _obj(["acked"], {"acked": {"type": "boolean"}}),
+        (),
+        tag,
+        "queues_ack",
+    )
+    paths["/v1/queues/nack"] = _post(
+        "Failed: deliver again after `delay` (before later messages of its key)",
+        "After `max_attempts` deliveries the message becomes a dead letter with `error`.",
+        _obj(["queue", "id", "receipt"], {
+            **settle,
+            "delay": {"type": "number", "minimum": 0, "maximum": qm.MAX_DELAY, "default": 0},
+            "error": {"type": ["string", "null"], "description": "Why (kept, truncated to "
+                      f"{qm.MAX_ERROR_CHARS} characters)."},
+        }),
+        _obj(["nacked"], {"nacked": {"type": "boolean"}}),
+        (),
+        tag,
+        "queues_nack",
+    )
+    paths["/v1/queues/extend"] = _post(
+        "Keep a message invisible for `seconds` from now",
+        "",
+        _obj(["queue", "id", "receipt", "seconds"], {
+            **settle, "seconds": {k: v for k, v in _settings()["visibility_timeout"].items()
+                                  if k != "default"},
+        }),
+        _obj(["extended", "deadline"], {"extended": {"type": "boolean"},
+                                        "deadline": {"type": ["number", "null"]}}),
+        (),
+        tag,
+        "queues_extend",
+    )
+    for path, op, summary, fields, response in (
+        ("/v1/queues/stats", "queues_stats", "Counts: ready, delayed, in flight, dead; oldest "
+         "age; deepest keys", {"top_keys": count}, _ref("QueueStats")),
+        ("/v1/queues/dead", "queues_dead", "Dead letters in put order", {"limit": count},
+         _obj(["dead_letters"], {"dead_letters": {"type": "array",
+                                                  "items": _ref("DeadLetter")}})),
+    ):
+        (extra,) = fields
+        entry = _post(summary, "Read-only.", _obj(["queue"], {"queue": QUEUE, **fields}),
+                      response, (), tag, op)
+        entry["get"] = {
+            "operationId": op + "_get",
+            "tags": [tag],
+            "summary": summary + " (as query parameters)",
+            "parameters": [
+                {"name": "queue", "in": "query", "required": True, "schema": QUEUE},
+                {"name": extra, "in": "query", "required": False, "schema": count},
+            ],
+            "responses": {"200": _ok(response), **_errors(*AUTH_ERRORS, 422, *STORE_ERRORS)},
+        }
+        paths[path] = entry
+    for path, op, summary, key in (
+        ("/v1/admin/requeue-dead", "requeue_dead", "Admin: put dead letters back at the end "
+         "of the queue, attempts reset", "requeued"),
+        ("/v1/admin/purge-dead", "purge_dead", "Admin: delete dead letters", "purged"),
+    ):
+        paths[path] = _post(
+            summary, "Needs an admin token that may write the queue.",
+            _obj(["queue"], {"queue": QUEUE, "ids": ids}),
+            _obj([key], {key: {"type": "integer", "minimum": 0}}),
+            (), "admin", op,
+        )
+    return paths
+
+
+def _queue_schemas() -> dict[str, Schema]:
+    payload: dict[str, Schema] = {
+        "payload": {"description": "The JSON payload (null for a bytes payload)."},
+        "payload_base64": {"type": ["string", "null"],
+                           "description": "A bytes payload, base64; else null."},
+    }
+    return {
+        "QueueMessage": _obj(
+            ["id", "key", "payload", "payload_base64", "attempt", "enqueued_at", "receipt",
+             "deadline"],
+            {
+                "id": {"type": "string"},
+                "key": {"type": ["string", "null"]},
+                **payload,
+                "attempt": {"type": "integer", "minimum": 1},
+                "enqueued_at": TIME,
+                "receipt": {"type": "string"},
+                "deadline": {**TIME, "description": "When it is delivered again unless "
+                             "settled or extended (store clock)."},
+            },
+        ),
+        "QueueStats": _obj(
+            ["name", "ready", "delayed", "in_flight", "dead", "oldest_age", "deepest_keys",
+             "now"],
+            {
+                "name": {"type": "string"},
+                "ready": {"type": "integer", "minimum": 0},
+                "delayed": {"type": "integer", "minimum": 0},
+                "in_flight": {"type": "integer", "minimum": 0},
+                "dead": {"type": "integer", "minimum": 0},
+                "oldest_age": {"type": ["number", "null"]},
+                "deepest_keys": {"type": "array", "items": _obj(
+                    ["key", "pending"],
+                    {"key": {"type": "string"}, "pending": {"type": "integer", "minimum": 1}},
+                )},
+                "now": TIME,
+            },
+        ),
+        "DeadLetter": _obj(
+            ["id", "key", "payload", "payload_base64", "attempts", "enqueued_at", "died_at",
+             "error"],
+            {
+                "id": {"type": "string"},
+                "key": {"type": ["string", "null"]},
+                **payload,
+                "attempts": {"type": "integer", "minimum": 1},
+                "enqueued_at": TIME,
+                "died_at": TIME,
+                "error": {"type": ["string", "null"]},
+            },
+        ),
     }

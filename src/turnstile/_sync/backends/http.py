@@ -16,6 +16,7 @@ path; default: the system's trust store).
 
 from __future__ import annotations
 
+import base64
 import os
 import ssl
 from typing import Any
@@ -31,6 +32,18 @@ from ..._core.models import (
     Status,
     WaiterInfo,
 )
+from ..._core.queue_models import (
+    KIND_BYTES,
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    KeyDepth,
+    NewMessage,
+    PutResult,
+    QueueStats,
+    decode_payload,
+    encode_payload,
+)
 from ..._core.urls import redact
 from ...errors import (
     AccessDenied,
@@ -41,6 +54,7 @@ from ...errors import (
     LeaseLost,
     NotSupported,
 )
+from .queue_base import QueueWaiter
 
 ENV_TOKEN = "TURNSTILE_TOKEN"
 DEFAULT_TIMEOUT = 10.0
@@ -116,6 +130,178 @@ class HTTPWaiter:
         return None
 
 
+class HTTPQueueBackend:
+    """The queue protocol over API v1 (``/v1/queues/*``). Blocking gets are long polls that
+    the service answers from its own wake-ups (``get``), so no waiter lives here."""
+
+    def __init__(self, backend: HTTPBackend) -> None:
+        self._backend = backend
+
+    def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
+        body: dict[str, Any] = {
+            "queue": name,
+            "id": message.id,
+            "key": message.key,
+            "delay": message.delay,
+            "dedup_id": message.dedup_id,
+            "max_attempts": message.max_attempts,
+            "dedup_window": dedup_window,
+        }
+        if message.kind == KIND_BYTES:
+            body["payload_base64"] = base64.b64encode(message.body).decode("ascii")
+        else:
+            body["payload"] = decode_payload(message.body, message.kind)
+        data = self._backend.call("POST", "/v1/queues/put", body)
+        return PutResult(str(data["id"]), bool(data["created"]), float(data["now"]))
+
+    def claim(
+        self,
+        name: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> ClaimResult:
+        data = self._backend.call(
+            "POST",
+            "/v1/queues/claim",
+            {
+                "queue": name,
+                "receipt": receipt,
+                "visibility_timeout": visibility_timeout,
+                "concurrency": concurrency,
+                "max_attempts": max_attempts,
+            },
+        )
+        message = data.get("message")
+        return ClaimResult(
+            _delivery(message) if message else None, float(data["now"]), data.get("retry_after")
+        )
+
+    def get(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        wait = min(max(0.0, wait), self._backend.max_wait)
+        data = self._backend.call(
+            "POST",
+            "/v1/queues/get",
+            {
+                "queue": name,
+                "wait": wait,
+                "visibility_timeout": visibility_timeout,
+                "concurrency": concurrency,
+                "max_attempts": max_attempts,
+            },
+            timeout=wait + POLL_SLACK,
+            poll=True,
+        )
+        message = data.get("message")
+        return _delivery(message) if message else None
+
+    def ack(self, name: str, id: str, receipt: str) -> bool:
+        data = self._backend.call(
+            "POST", "/v1/queues/ack", {"queue": name, "id": id, "receipt": receipt}
+        )
+        return bool(data["acked"])
+
+    def nack(
+        self, name: str, id: str, receipt: str, *, delay: float, error: str | None
+    ) -> bool:
+        data = self._backend.call(
+            "POST",
+            "/v1/queues/nack",
+            {"queue": name, "id": id, "receipt": receipt, "delay": delay, "error": error},
+        )
+        return bool(data["nacked"])
+
+    def extend(self, name: str, id: str, receipt: str, seconds: float) -> float | None:
+        data = self._backend.call(
+            "POST",
+            "/v1/queues/extend",
+            {"queue": name, "id": id, "receipt": receipt, "seconds": seconds},
+        )
+        deadline = data.get("deadline")
+        return None if deadline is None else float(deadline)
+
+    def stats(self, name: str, *, top_keys: int) -> QueueStats:
+        data = self._backend.call(
+            "POST", "/v1/queues/stats", {"queue": name, "top_keys": top_keys}
+        )
+        return QueueStats(
+            name=data["name"],
+            ready=int(data["ready"]),
+            delayed=int(data["delayed"]),
+            in_flight=int(data["in_flight"]),
+            dead=int(data["dead"]),
+            oldest_age=data["oldest_age"],
+            deepest_keys=tuple(
+                KeyDepth(k["key"], int(k["pending"])) for k in data["deepest_keys"]
+            ),
+            now=float(data["now"]),
+        )
+
+    def dead_letters(self, name: str, *, limit: int) -> list[DeadLetterRow]:
+        data = self._backend.call(
+            "POST", "/v1/queues/dead", {"queue": name, "limit": limit}
+        )
+        rows = []
+        for d in data["dead_letters"]:
+            body, kind = _encoded(d)
+            rows.append(
+                DeadLetterRow(
+                    d["id"], d["key"], body, kind, int(d["attempts"]), d["enqueued_at"],
+                    d["died_at"], d["error"],
+                )
+            )
+        return rows
+
+    def requeue(self, name: str, ids: list[str] | None) -> int:
+        data = self._backend.call(
+            "POST", "/v1/admin/requeue-dead", {"queue": name, "ids": ids}
+        )
+        return int(data["requeued"])
+
+    def purge_dead(self, name: str, ids: list[str] | None) -> int:
+        data = self._backend.call(
+            "POST", "/v1/admin/purge-dead", {"queue": name, "ids": ids}
+        )
+        return int(data["purged"])
+
+    def open_waiter(self, name: str) -> QueueWaiter:
+        raise NotSupported(
+            "blocking gets over HTTP are long polls on the service (get), not local waiters"
+        )
+
+
+def _encoded(message: dict[str, Any]) -> tuple[bytes, int]:
+    """A payload as the service answered it, encoded again as the store keeps it."""
+    if message.get("payload_base64") is not None:
+        return base64.b64decode(message["payload_base64"]), KIND_BYTES
+    return encode_payload(message.get("payload"))
+
+
+def _delivery(message: dict[str, Any]) -> Delivery:
+    body, kind = _encoded(message)
+    return Delivery(
+        id=message["id"],
+        key=message["key"],
+        body=body,
+        kind=kind,
+        attempt=int(message["attempt"]),
+        enqueued_at=float(message["enqueued_at"]),
+        receipt=message["receipt"],
+        deadline=float(message["deadline"]),
+    )
+
+
 class HTTPBackend:
     def __init__(
         self,
@@ -129,6 +315,7 @@ class HTTPBackend:
         self._http = http  # operations: acquire steps, renewals, releases, status
         self._poll = poll  # long polls only, so waiters never hold up a renewal
         self._closed = False
+        self._queues = HTTPQueueBackend(self)
         self._base = base
         self._shown = shown
         self._timeout = timeout
@@ -209,6 +396,10 @@ class HTTPBackend:
             description=f"Turnstile HTTP service at {self._shown} over "
             f"{store.get('description', 'an unknown store')}",
         )
+
+    def queues(self) -> HTTPQueueBackend:
+        """The queue operations of the service (``/v1/queues/*``)."""
+        return self._queues
 
     def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
