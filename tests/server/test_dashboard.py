@@ -79,9 +79,7 @@ def test_dashboard_live_view_screenshot_and_admin_actions(
 
         # Without a token the page says what it needs.
         bare = open_dashboard(browser, server, None)
-        bare.wait_for_function(
-            "document.querySelector('[data-testid=message]').textContent.includes('token')"
-        )
+        bare.wait_for_selector("[data-testid=message] >> text=bearer token", timeout=10_000)
         bare.close()
 
         page = open_dashboard(browser, server, "admin")
@@ -209,8 +207,7 @@ def test_dashboard_shows_queues_and_requeues_dead_letters(
         assert q.stats().dead == 0 and q.stats().ready == 3
         page.close()
         other = open_dashboard(browser, server, "tenant-b")
-        other.wait_for_function("document.querySelector('[data-testid=live]')"
-                                ".textContent.startsWith('live')")
+        other.wait_for_selector("[data-testid=live].ok", timeout=10_000)  # data arrived
         assert other.locator("[data-testid=queue]").count() == 0
         other.close()
     finally:
