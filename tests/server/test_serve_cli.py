@@ -140,3 +140,29 @@ def test_sigterm_stops_promptly_and_waiters_leave_the_line(tmp_path: Path) -> No
     status = client.status("held")
     client.close()
     assert [h.holder for h in status.holders] == ["owner"] and status.waiters == ()
+
+
+def test_turnstile_serve_is_a_command_of_the_cli(tmp_path: Path) -> None:
+    """`turnstile [--url URL] serve …` (here `python -m turnstile`) runs the same service."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_TOKEN")}
+    refused = subprocess.run(
+        [sys.executable, "-m", "turnstile", "--url", "memory://", "serve", "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=30, env=base,
+    )
+    assert refused.returncode == 78 and "without tokens" in refused.stderr
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnstile", "--url", f"sqlite:///{tmp_path}/t.db", "serve",
+         "--port", "0", "--ready-file", str(ready), "--log-level", "warning"],
+        env=base, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        health = httpx.get(ready.read_text().strip() + "/healthz").json()
+        assert health == {"status": "ok", "backend": "sqlite"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0

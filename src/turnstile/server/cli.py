@@ -115,6 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--forwarded-allow-ips",
         default="127.0.0.1",
+        metavar="IPS",
         help="proxies trusted with --proxy-headers (default: 127.0.0.1)",
     )
 
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(
             f"the HTTP service needs {exc.name or 'its dependencies'}; "
-            "fix: pip install 'turnstile[server]'"
+            "fix: pip install 'turnstile[server]'",
+            EXIT_CONFIG,
         )
     try:
         tokens = TokenTable.load(args.tokens)
