@@ -166,3 +166,22 @@ def test_turnstile_serve_is_a_command_of_the_cli(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 0
+
+
+def test_open_service_answers_only_loopback_host_names(tmp_path: Path) -> None:
+    """Without tokens, a request whose Host is not literally loopback (DNS rebinding from a
+    web page) is refused; health and the page itself still answer."""
+    server = start_server("memory://", tmp_path)
+    try:
+        ok = httpx.get(server.base + "/v1/info")
+        assert ok.status_code == 200 and ok.json()["principal"]["name"] == "anonymous"
+        port = server.base.rsplit(":", 1)[1]
+        assert httpx.get(f"http://localhost:{port}/v1/names").status_code == 200
+        rebound = httpx.post(server.base + "/v1/locks/acquire", json={"name": "x"},
+                             headers={"Host": f"attacker.example:{port}"})
+        assert rebound.status_code == 403
+        assert rebound.json()["error"]["code"] == "forbidden"
+        assert "DNS rebinding" in rebound.json()["error"]["message"]
+        assert httpx.get(server.base + "/healthz", headers={"Host": "x.example"}).status_code == 200
+    finally:
+        server.stop()

@@ -10,7 +10,14 @@ import pytest
 
 from turnstile import ConfigurationError
 from turnstile._core.models import Grant, HolderInfo, Status
-from turnstile.server.auth import ANONYMOUS, Principal, TokenTable, bearer, is_loopback
+from turnstile.server.auth import (
+    ANONYMOUS,
+    Principal,
+    TokenTable,
+    bearer,
+    is_loopback,
+    is_loopback_host_header,
+)
 from turnstile.server.metrics import Gauge, Metrics
 from turnstile.server.observe import EventLog, Tracker
 
@@ -118,6 +125,12 @@ def test_loopback_and_bearer_parsing() -> None:
         assert is_loopback(host), host
     for host in ("0.0.0.0", "::", "10.0.0.1", "192.168.1.1", "example.invalid"):
         assert not is_loopback(host), host
+    for header in ("127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:8080", "::1",
+                   "app.localhost:80", "127.9.9.9"):
+        assert is_loopback_host_header(header), header
+    for header in ("evil.example:8080", "localhost.evil.example", "10.0.0.1", "", "[::2]:80",
+                   "0.0.0.0:8080", "127.0.0.1.nip.io"):
+        assert not is_loopback_host_header(header), header
     assert bearer("Bearer abc") == "abc" and bearer("bearer   abc ") == "abc"
     assert bearer("Basic abc") is None and bearer("Bearer") is None and bearer(None) is None
 

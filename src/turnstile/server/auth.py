@@ -243,6 +243,23 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
+def is_loopback_host_header(value: str) -> bool:
+    """Whether an HTTP ``Host`` header names this machine *literally* (a loopback address,
+    ``localhost`` or a ``*.localhost`` name), without asking DNS: a name that merely resolves
+    to 127.0.0.1 is how DNS rebinding reaches a loopback service from a web page."""
+    host = value.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host[1:]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def bearer(header: str | None) -> str | None:
     if not header:
         return None

@@ -19,7 +19,7 @@ from .._core.queue_models import QueueStats
 from ..aio import AsyncClient
 from ..aio import connect as aio_connect
 from ..errors import InvalidArgument, NotSupported
-from .auth import Principal, bearer
+from .auth import Principal, bearer, is_loopback_host_header
 from .config import ServerConfig
 from .errors import ApiError
 from .metrics import Metrics
@@ -128,6 +128,15 @@ class Service:
         return [s for s in found if s is not None]
 
     def authenticate(self, request: Request) -> Principal:
+        if self.config.tokens.open and not is_loopback_host_header(
+            request.headers.get("host", "")
+        ):
+            raise ApiError(
+                "forbidden",
+                "this service has no tokens, so it only answers requests addressed to "
+                "localhost or a loopback address (protection against DNS rebinding); "
+                "configure tokens to serve other host names",
+            )
         presented = bearer(request.headers.get("authorization"))
         principal = self.config.tokens.authenticate(presented)
         if principal is None:
