@@ -166,6 +166,7 @@ def test_bad_json_and_bad_arguments(sqlite_served: Served, admin: Api) -> None:
         ({"name": "x", "wait": 11}, "wait must be between 0 and 10"),
         ({"name": "x", "wait": -1}, "wait must be between"),
         ({"name": "x", "holder": "h" * 1025}, "holder must be 1 to 1024"),
+        ({"name": "x", "holder": ""}, "holder must be 1 to 1024"),
         ({"name": "x", "limit": 2}, "unknown field(s) 'limit'"),
         ({"name": "x", "surprise": 1}, "unknown field(s) 'surprise'"),
     ]

@@ -33,7 +33,6 @@ T = TypeVar("T")
 KINDS = ("locks", "semaphores")
 
 
-
 def _limit(kind: str, body: Body) -> int:
     if kind == "locks":
         return 1
@@ -51,7 +50,8 @@ async def acquire(ctx: Ctx, kind: str) -> Any:
     ctx.may_write(name)
     limit = _limit(kind, body)
     ttl = validate.ttl(body.get("ttl", 30.0))
-    holder = validate.holder(body.get("holder") or new_holder())
+    given = body.get("holder")
+    holder = new_holder() if given is None else validate.holder(given)
     wait = validate.seconds(body.get("wait", 0.0), "wait", high=ctx.service.config.max_wait)
     sem = ctx.client.semaphore(name, limit, ttl)
     started = time.monotonic()

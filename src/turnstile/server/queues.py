@@ -149,9 +149,10 @@ async def claim(ctx: Ctx) -> Any:
     body = await ctx.body({"queue", "receipt", *SETTINGS})
     name = _name(ctx, body, write=True)
     q = _queue(ctx, name, body)
+    given = body.get("receipt")
     result = await _protocol(ctx).claim(
         name,
-        receipt=qm.receipt(body.get("receipt") or secrets.token_hex(12)),
+        receipt=secrets.token_hex(12) if given is None else qm.receipt(given),
         visibility_timeout=q.visibility_timeout,
         concurrency=q.concurrency,
         max_attempts=q.max_attempts,
