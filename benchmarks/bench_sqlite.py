@@ -251,6 +251,21 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             "reads the name's rows, runs the state machine and writes the fencing counter "
             "(plus a WAL append); `filelock` is one `open` + `flock` + `close`."
         )
+        fixes = []
+        if bare is not None and bare.ops_per_s > 1.3 * t.ops_per_s:
+            fixes.append(
+                "keep held leases renewed by one long-lived renewer per client (a timer heap) "
+                "instead of starting and joining a thread per `with` block, which would bring "
+                "the `with` figure to the bare one"
+            )
+        if bare is None or bare.ops_per_s < b.ops_per_s:
+            fixes.append(
+                "fewer statements per transaction in the SQLite store (an idle name needs only "
+                "its `turnstile_names` lookup, not the holder and waiter queries; the fencing "
+                "counter in one `UPDATE ... RETURNING`)"
+            )
+        if fixes:
+            text += " What would close the gap: " + "; and ".join(fixes) + "."
     lines.append(text)
     for group in results["webhooks"]:
         by = {r.label: r for r in group}

@@ -278,7 +278,7 @@ def run_workers(
     counters: dict[str, float] = {}
     try:
         # The parent is one party of the start line, so it can read the probe meanwhile.
-        started = _wait_start(barrier, out, errors, contender)
+        started = _wait_start(barrier, out, errors, procs)
         before = dict(contender.probe()) if contender.probe is not None and started else {}
         if started:
             try:
@@ -327,7 +327,7 @@ def run_workers(
     return WorkerRun(results, go_times, counters)
 
 
-def _wait_start(barrier: Any, out: Any, errors: list[str], contender: Contender) -> bool:
+def _wait_start(barrier: Any, out: Any, errors: list[str], procs: Sequence[Any]) -> bool:
     """Wait until every worker stands at the start line (or one failed getting there)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while barrier.n_waiting < barrier.parties - 1:
@@ -336,6 +336,15 @@ def _wait_start(barrier: Any, out: Any, errors: list[str], contender: Contender)
             if kind == "error":
                 errors.append(payload)
                 return False
+        if any(p.exitcode is not None for p in procs):
+            time.sleep(0.5)  # let its error message arrive
+            with contextlib.suppress(queue.Empty):
+                kind, _pid, payload = out.get_nowait()
+                if kind == "error":
+                    errors.append(payload)
+                    return False
+            errors.append("a worker process exited before the start")
+            return False
         if time.monotonic() > deadline:
             errors.append(f"workers not ready after {STARTUP_TIMEOUT:.0f} s")
             return False
