@@ -85,9 +85,10 @@ END
 $$;
 
 -- Lock the row of p_name, creating it (with limit p_limit) unless p_limit is NULL.
--- o_id is NULL when the row does not exist and was not to be created.
+-- o_id is NULL when the row does not exist and was not to be created. p_now: see acquire.
 CREATE FUNCTION __SCHEMA__._lock_name(
-    p_name text, p_limit integer, OUT o_id bigint, OUT o_lim integer, OUT o_last bigint)
+    p_name text, p_limit integer, p_now timestamptz,
+    OUT o_id bigint, OUT o_lim integer, OUT o_last bigint)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -108,7 +109,7 @@ BEGIN
         GET DIAGNOSTICS v_inserted = ROW_COUNT;
         IF v_inserted > 0 THEN
             -- A new name: keep the table from growing without bound.
-            PERFORM __SCHEMA__._forget_idle(clock_timestamp());
+            PERFORM __SCHEMA__._forget_idle(coalesce(p_now, clock_timestamp()));
         END IF;
     END LOOP;
     RAISE EXCEPTION 'turnstile: could not lock the row of a name' USING ERRCODE = '55P03';
@@ -201,7 +202,7 @@ DECLARE
     v_seq bigint;
     v_min timestamptz;
 BEGIN
-    SELECT l.o_id, l.o_last INTO v_id, v_last FROM __SCHEMA__._lock_name(p_name, p_limit) l;
+    SELECT l.o_id, l.o_last INTO v_id, v_last FROM __SCHEMA__._lock_name(p_name, p_limit, p_now) l;
     v_now := coalesce(p_now, clock_timestamp());
     now := extract(epoch FROM v_now);
     granted := false;
@@ -288,7 +289,7 @@ DECLARE
     v_released boolean;
 BEGIN
     SELECT l.o_id, l.o_lim, l.o_last INTO v_id, v_lim, v_last
-    FROM __SCHEMA__._lock_name(p_name, NULL) l;
+    FROM __SCHEMA__._lock_name(p_name, NULL, p_now) l;
     IF v_id IS NULL THEN
         RETURN false;
     END IF;
@@ -323,7 +324,7 @@ DECLARE
     v_exp timestamptz;
 BEGIN
     renewed := false;
-    SELECT l.o_id INTO v_id FROM __SCHEMA__._lock_name(p_name, NULL) l;
+    SELECT l.o_id INTO v_id FROM __SCHEMA__._lock_name(p_name, NULL, p_now) l;
     IF v_id IS NULL THEN
         RETURN;
     END IF;
