@@ -220,7 +220,7 @@ class AsyncPostgresBackend:
             if self._closed:
                 raise BackendUnavailable(f"the PostgreSQL client for {self.config.display!r} is closed")
             try:
-                wait = max(deadline - time.monotonic(), 1.0)
+                wait = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
                 async with self._pool.connection(timeout=wait) as conn:
                     self.statements += 1
                     cursor = await conn.execute(query, params)
@@ -395,6 +395,10 @@ async def open_backend(url: str, parts: SplitResult) -> AsyncPostgresBackend:
         open=False,
         name="turnstile",
         timeout=config.connect_timeout,
+        # No background reconnection with the pool's own backoff (1 s, doubling): a failed
+        # attempt gives up at once and the next operation that needs a connection opens one,
+        # so a client is back within milliseconds of the server (see _run's retries).
+        reconnect_timeout=0.0,
     )
     try:
         await pool.open(wait=False)
