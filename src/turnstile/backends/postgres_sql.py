@@ -123,6 +123,22 @@ def wake_key(name: str, holder: str) -> str:
 
 
 # -- URL ------------------------------------------------------------------------------------
+def _display_query(query: str) -> str:
+    """A query string safe to print: passwords (also inside listen_url) replaced."""
+    shown = []
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == "password":
+            value = "***"
+        elif key == "listen_url":
+            try:
+                inner = urlsplit(redact(value))
+                value = urlunsplit(inner._replace(query=_display_query(inner.query)))
+            except ValueError:
+                value = "<unparseable url>"
+        shown.append(f"{key}={value}")
+    return "&".join(shown)
+
+
 @dataclass(frozen=True)
 class PostgresConfig:
     conninfo: str  # for psycopg: Turnstile's parameters removed, defaults added
@@ -208,9 +224,10 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
         }
         if s
     )
-    for key, _ in rest:
-        if key == "password":
-            display = display.replace(parts.query, "<query with password>")
+    if parts.query:
+        display = urlunsplit(
+            urlsplit(display)._replace(query=_display_query(parts.query))
+        )
     schema = ours.get("schema", DEFAULT_SCHEMA)
     size = len(schema.encode("utf-8", "surrogatepass"))
     if not 1 <= size <= MAX_IDENTIFIER_BYTES or "\0" in schema:
@@ -281,6 +298,17 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
 # -- errors ---------------------------------------------------------------------------------
 # SQLSTATE classes that mean: this URL or role cannot work, retrying will not help.
 _CONFIG_STATES = ("28", "3D", "42501")
+# libpq reports a refused login without a SQLSTATE; these are the server's refusals that
+# retrying will not fix (a missing database or role, a wrong password, pg_hba.conf).
+_CONFIG_MESSAGES = (
+    "does not exist",
+    "authentication failed",
+    "pg_hba.conf",
+    "permission denied",
+    "is not permitted to log in",
+    "password is required",
+    "invalid connection option",
+)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -311,7 +339,9 @@ def translate_connect(exc: BaseException, config: PostgresConfig) -> TurnstileEr
     text = describe(exc, config)
     if isinstance(exc, psycopg.ProgrammingError) and not state:
         return ConfigurationError(f"invalid PostgreSQL URL {config.display!r}: {text}")
-    if state.startswith(_CONFIG_STATES):
+    if state.startswith(_CONFIG_STATES) or (
+        not state and any(m in text for m in _CONFIG_MESSAGES)
+    ):
         return ConfigurationError(
             f"PostgreSQL at {config.display!r} refused the connection or the schema "
             f"{config.schema!r}: {text} (check the user, password, database and the role's "

@@ -60,6 +60,7 @@ class Listener:
         self._registry: dict[str, list[_compat.Event]] = {}
         self._lock = threading.Lock()
         self._ready = _compat.Event()
+        self._tried = _compat.Event()  # the first connection attempt has ended, either way
         self._stop = _compat.Event()
         self._handle: _compat.Handle | None = None
         self.connects = 0  # successful LISTENs so far (tests and diagnostics)
@@ -77,8 +78,10 @@ class Listener:
             self._handle = _compat.spawn(self._run, "turnstile-postgres-listen")
             return True
 
-    def wait_ready(self, timeout: float) -> bool:
-        return _compat.wait_event(self._ready, timeout)
+    def wait_first_attempt(self, timeout: float) -> bool:
+        """Wait until the first connection attempt succeeded or failed; True if up."""
+        _compat.wait_event(self._tried, timeout)
+        return self.up
 
     def register(self, key: str, event: _compat.Event) -> None:
         with self._lock:
@@ -109,6 +112,7 @@ class Listener:
     def _run(self) -> None:
         delay = RECONNECT_MIN
         listen = f"LISTEN {pg.quote_ident(self._config.channel)}"
+        complained = False
         while not self._stop.is_set():
             conn: Connection[Any] | None = None
             try:
@@ -116,6 +120,10 @@ class Listener:
                 conn.execute(listen)
                 self.connects += 1
                 self._ready.set()
+                self._tried.set()
+                if complained:
+                    log.warning("LISTEN connection to %r is back", self._config.display)
+                    complained = False
                 # Hand-overs while we were not listening were not heard: everyone re-checks.
                 self._wake_all()
                 delay = RECONNECT_MIN
@@ -129,14 +137,18 @@ class Listener:
                         quiet_since = time.monotonic()
             except Exception as exc:
                 if not self._stop.is_set():
-                    log.warning(
-                        "LISTEN connection to PostgreSQL at %r lost, waiters re-check; "
-                        "reconnecting in %.2f s: %s",
+                    # Once per outage at warning level, then quietly until it is back.
+                    log.log(
+                        logging.DEBUG if complained else logging.WARNING,
+                        "no LISTEN connection to PostgreSQL at %r (waiters re-check and poll "
+                        "until it is back; retrying in %.2f s): %s",
                         self._config.display,
                         delay,
                         pg.describe(exc, self._config),
                     )
+                    complained = True
             finally:
+                self._tried.set()
                 if self._ready.is_set():
                     self._ready.clear()
                     self._wake_all()
@@ -311,7 +323,9 @@ class PostgresBackend:
         if listener.start():
             # The first waiter of this client: give the LISTEN connection a moment to come
             # up. Until it is up, waiters poll (and are all woken when it comes up).
-            listener.wait_ready(min(LISTEN_START_WAIT, self.config.connect_timeout))
+            listener.wait_first_attempt(
+                min(LISTEN_START_WAIT, self.config.connect_timeout)
+            )
         return PostgresWaiter(listener, pg.wake_key(name, holder))
 
     def ping(self) -> None:
