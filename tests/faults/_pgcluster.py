@@ -121,3 +121,60 @@ class Cluster:
         with contextlib.suppress(Exception):
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Bouncer:
+    """PgBouncer in transaction mode in front of a cluster, with fewer server connections
+    than clients, so consecutive statements of one client land on different sessions."""
+
+    def __init__(self, cluster: Cluster, pool_size: int = 2) -> None:
+        binary = find_bin("pgbouncer") or (
+            "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+        )
+        if binary is None:
+            pytest.skip("pgbouncer not installed (apt-get install pgbouncer)")
+        self.port = free_port()
+        self.cluster = cluster
+        root = cluster.root
+        self.ini = root / f"pgbouncer-{self.port}.ini"
+        self.ini.write_text(
+            "[databases]\n"
+            f"postgres = host=127.0.0.1 port={cluster.port} dbname=postgres user=postgres\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            "auth_type = any\npool_mode = transaction\n"
+            f"default_pool_size = {pool_size}\nmin_pool_size = 0\nmax_client_conn = 500\n"
+            f"logfile = {root}/pgbouncer-{self.port}.log\n"
+            f"pidfile = {root}/pgbouncer-{self.port}.pid\n"
+            "ignore_startup_parameters = extra_float_digits\n"
+        )
+        prefix = (
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+            if os.geteuid() == 0
+            else []
+        )
+        if os.geteuid() == 0:
+            os.chown(self.ini, 65534, 65534)
+        self.proc = subprocess.Popen([*prefix, binary, str(self.ini)], cwd=root,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(
+                ("127.0.0.1", self.port), timeout=0.5
+            ):
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pgbouncer did not start: {self.proc.stderr.read()!r}")
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -35,7 +36,7 @@ def check_intervals(events: list[dict[str, Any]], ttl: float) -> None:
     """No two critical sections overlap, tokens increase in grant order, and the line never
     stalled for a lease's ttl (a grant nobody learned of would stall it that long)."""
     held = sorted((e for e in events if e["event"] == "held"), key=lambda e: e["start"])
-    for a, b in zip(held, held[1:], strict=False):
+    for a, b in itertools.pairwise(held):
         assert a["end"] <= b["start"], f"overlapping critical sections: {a} and {b}"
         assert a["token"] < b["token"], f"tokens not increasing: {a} then {b}"
         assert b["start"] - a["end"] < ttl * 0.75, f"the line stalled: {a} then {b}"

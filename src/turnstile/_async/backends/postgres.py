@@ -77,9 +77,9 @@ class AsyncListener:
             self._handle = _compat.spawn(self._run, "turnstile-postgres-listen")
             return True
 
-    async def wait_first_attempt(self, timeout: float) -> bool:
+    async def wait_first_attempt(self, within: float) -> bool:
         """Wait until the first connection attempt succeeded or failed; True if up."""
-        await _compat.wait_event(self._tried, timeout)
+        await _compat.wait_event(self._tried, within)
         return self.up
 
     def register(self, key: str, event: _compat.Event) -> None:
@@ -115,7 +115,9 @@ class AsyncListener:
         while not self._stop.is_set():
             conn: AsyncConnection[Any] | None = None
             try:
-                conn = await AsyncConnection.connect(self._conninfo, autocommit=True)
+                conn = await AsyncConnection.connect(
+                    self._conninfo, autocommit=True, prepare_threshold=None
+                )
                 await conn.execute(listen)
                 self.connects += 1
                 self._ready.set()
@@ -230,7 +232,9 @@ class AsyncPostgresBackend:
         pause = 0.0
         while True:
             if self._closed:
-                raise BackendUnavailable(f"the PostgreSQL client for {self.config.display!r} is closed")
+                raise BackendUnavailable(
+                    f"the PostgreSQL client for {self.config.display!r} is closed"
+                )
             try:
                 wait = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
                 async with self._pool.connection(timeout=wait) as conn:
@@ -391,7 +395,9 @@ async def _migrate(conn: AsyncConnection[Any], config: pg.PostgresConfig) -> Non
 async def open_backend(url: str, parts: SplitResult) -> AsyncPostgresBackend:
     config = pg.parse_url(url, parts)
     try:
-        conn = await AsyncConnection.connect(config.conninfo, autocommit=True)
+        conn = await AsyncConnection.connect(
+            config.conninfo, autocommit=True, prepare_threshold=None
+        )
     except psycopg.Error as exc:
         raise pg.translate_connect(exc, config) from exc
     try:

@@ -78,9 +78,9 @@ class Listener:
             self._handle = _compat.spawn(self._run, "turnstile-postgres-listen")
             return True
 
-    def wait_first_attempt(self, timeout: float) -> bool:
+    def wait_first_attempt(self, within: float) -> bool:
         """Wait until the first connection attempt succeeded or failed; True if up."""
-        _compat.wait_event(self._tried, timeout)
+        _compat.wait_event(self._tried, within)
         return self.up
 
     def register(self, key: str, event: _compat.Event) -> None:
@@ -116,7 +116,9 @@ class Listener:
         while not self._stop.is_set():
             conn: Connection[Any] | None = None
             try:
-                conn = Connection.connect(self._conninfo, autocommit=True)
+                conn = Connection.connect(
+                    self._conninfo, autocommit=True, prepare_threshold=None
+                )
                 conn.execute(listen)
                 self.connects += 1
                 self._ready.set()
@@ -230,7 +232,9 @@ class PostgresBackend:
         pause = 0.0
         while True:
             if self._closed:
-                raise BackendUnavailable(f"the PostgreSQL client for {self.config.display!r} is closed")
+                raise BackendUnavailable(
+                    f"the PostgreSQL client for {self.config.display!r} is closed"
+                )
             try:
                 wait = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
                 with self._pool.connection(timeout=wait) as conn:
@@ -391,7 +395,9 @@ def _migrate(conn: Connection[Any], config: pg.PostgresConfig) -> None:
 def open_backend(url: str, parts: SplitResult) -> PostgresBackend:
     config = pg.parse_url(url, parts)
     try:
-        conn = Connection.connect(config.conninfo, autocommit=True)
+        conn = Connection.connect(
+            config.conninfo, autocommit=True, prepare_threshold=None
+        )
     except psycopg.Error as exc:
         raise pg.translate_connect(exc, config) from exc
     try:
