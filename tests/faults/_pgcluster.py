@@ -13,11 +13,11 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import pytest
 
 
 def find_bin(name: str) -> str | None:
@@ -37,8 +37,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _unavailable(message: str) -> None:
-    if os.environ.get("CI"):
+class Unavailable(RuntimeError):
+    """The PostgreSQL server binaries (or pgbouncer) are not installed."""
+
+
+def _unavailable(message: str, required: bool = True) -> None:
+    """Under pytest: skip (fail under CI=true if ``required``); elsewhere: raise."""
+    if "pytest" not in sys.modules:
+        raise Unavailable(message)
+    import pytest
+
+    if required and os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
 
@@ -132,7 +141,7 @@ class Bouncer:
             "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
         )
         if binary is None:
-            pytest.skip("pgbouncer not installed (apt-get install pgbouncer)")
+            _unavailable("pgbouncer not installed (apt-get install pgbouncer)", required=False)
         self.port = free_port()
         self.cluster = cluster
         root = cluster.root

@@ -29,6 +29,7 @@ CHARACTERISTICS = Characteristics(
     durable=True,
     woken_by_store=True,
     description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
+    cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
 )
 
 DEFAULT_SCHEMA = "turnstile"
