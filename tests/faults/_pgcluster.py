@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 
-
 def find_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
