@@ -109,3 +109,40 @@ def test_waiters_without_listen_poll(pg_cluster: Cluster, how: str) -> None:
     finally:
         client.close()
         holder_client.close()
+
+
+async def test_async_listener_reconnects(pg_cluster: Cluster) -> None:
+    """The async flavour: the LISTEN task survives a dropped connection; a waiter blocked in
+    ``await lock.acquire()`` still gets the hand-over at once."""
+    import asyncio
+
+    import turnstile.aio
+
+    uid = unique()
+    app = f"ttalisten-{uid}"
+    holder_client = await turnstile.aio.connect(schema_url(pg_cluster.url, uid))
+    client = await turnstile.aio.connect(schema_url(pg_cluster.url, uid, application_name=app))
+    try:
+        name = "alisten"
+        assert (await holder_client.lock(name, ttl=30).try_acquire("first")).acquired
+        waiting = asyncio.ensure_future(client.lock(name, ttl=30).acquire(timeout=30))
+        listener = client.backend.listener  # type: ignore[attr-defined]
+        for _ in range(2000):
+            if listener.up and (await holder_client.lock(name).status()).waiters:
+                break
+            await asyncio.sleep(0.01)
+        assert listener.up
+        await asyncio.to_thread(_terminate, pg_cluster.url, app + ":listen")
+        released = time.monotonic()
+        assert await holder_client.lock(name).release("first")
+        lease = await asyncio.wait_for(waiting, 30)
+        assert time.monotonic() - released < 0.5
+        await lease.release()
+        for _ in range(500):
+            if listener.connects >= 2 and listener.up:
+                break
+            await asyncio.sleep(0.01)
+        assert listener.connects >= 2 and listener.up
+    finally:
+        await client.close()
+        await holder_client.close()
