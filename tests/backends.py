@@ -55,7 +55,9 @@ def _redis_cleanup(server: str, uid: str) -> None:
         client: redis.Redis = RedisCluster.from_url(  # type: ignore[assignment]
             server.replace("redis+cluster://", "redis://", 1)
         )
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000, target_nodes=RedisCluster.PRIMARIES))  # type: ignore[call-arg]
+        keys = list(
+            client.scan_iter(match=f"{prefix}*", count=1000, target_nodes=RedisCluster.PRIMARIES)
+        )  # type: ignore[call-arg]
     else:
         client = redis.Redis.from_url(server)
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))

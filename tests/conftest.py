@@ -22,7 +22,9 @@ class BackendUnderTest:
 
 
 def _params() -> list[object]:
-    return [pytest.param(row, id=row.name, marks=getattr(pytest.mark, row.name)) for row in BACKENDS]
+    return [
+        pytest.param(row, id=row.name, marks=getattr(pytest.mark, row.name)) for row in BACKENDS
+    ]
 
 
 @pytest.fixture(params=_params())

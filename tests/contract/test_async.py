@@ -244,3 +244,15 @@ async def test_cancel_at_any_point_leaks_no_grant(aclient: AsyncClient) -> None:
         assert st.holders == () and st.waiters == (), f"round {i}: {st}"
     # the cancellations above hit the acquire at different points, some after the grant
     assert 0 < entered < 40
+
+
+async def test_acquire_is_a_coroutine_for_tasks_and_wait_for(aclient: AsyncClient) -> None:
+    lock = aclient.lock("aio:task", ttl=2.0)
+    lease = await asyncio.create_task(lock.acquire(timeout=5))
+    with pytest.raises(TimeoutError):  # asyncio's own timeout, around a waiting acquire
+        await asyncio.wait_for(lock.acquire(holder="w"), 0.2)
+    await asyncio.sleep(0.05)
+    st = await lock.status()
+    assert st.waiters == ()  # the cancelled acquire left the line
+    assert [h.token for h in st.holders] == [lease.token]
+    await lease.release()

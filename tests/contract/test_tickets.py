@@ -83,6 +83,9 @@ def test_place_kept_while_asking_and_lapses_when_not(client: turnstile.Client) -
     assert sem.try_acquire("c", wait_ttl=wait_ttl).position == 1
     # b asks again: it lost its place and joins at the back
     assert sem.try_acquire("b", wait_ttl=wait_ttl).position == 2
+    # ... and stays there: it does not get its old place back
+    assert [w.holder for w in sem.status().waiters] == ["a", "c", "b"]
+    assert [sem.try_acquire(h, wait_ttl=wait_ttl).position for h in "abc"] == [0, 2, 1]
     for h in ("a", "b", "c"):
         assert sem.release(h)
     boss.release()
@@ -142,3 +145,20 @@ def test_try_acquire_on_a_free_name_acquires(client: turnstile.Client) -> None:
     assert t.acquired
     for h in ("e1", "e2", "e3"):
         assert sem.release(h)
+
+
+def test_lapsed_waiter_rejoins_at_the_back(client: turnstile.Client) -> None:
+    """A waiter whose entry lapsed and who asks again — before anybody else touched the
+    line — joins at the back, behind everyone who kept their place."""
+    sem = client.semaphore("tix:rejoin", 1, ttl=5.0)
+    with sem.acquire(timeout=5, holder="boss"):
+        assert sem.try_acquire("a", wait_ttl=5.0).position == 0
+        assert sem.try_acquire("b", wait_ttl=0.3).position == 1
+        assert sem.try_acquire("c", wait_ttl=5.0).position == 2
+        time.sleep(0.4)  # b's entry lapses; nobody asks meanwhile
+        assert sem.try_acquire("b", wait_ttl=5.0).position == 2
+        st = sem.status()
+        assert [(w.holder, w.position) for w in st.waiters] == [("a", 0), ("c", 1), ("b", 2)]
+        assert st.waiters[2].joined_at > st.waiters[1].joined_at
+        for h in "abc":
+            assert sem.release(h)

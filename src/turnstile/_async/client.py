@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 
 from .._core import urls, validate
 from .._core.models import Characteristics, Status
-from ..errors import ConfigurationError, InvalidArgument
+from .._core.queue_models import DEFAULT_DEDUP_WINDOW
+from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import AsyncBackend
+from .queue import AsyncQueue
 from .semaphore import AsyncLease, AsyncLock, AsyncSemaphore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,6 +56,33 @@ class AsyncClient:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order."""
         return AsyncSemaphore(self.backend, name, limit, ttl, on_lost=on_lost)
 
+    def queue(
+        self,
+        name: str,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        concurrency: int | None = None,
+        *,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+    ) -> AsyncQueue:
+        """A durable keyed FIFO queue: one message per key in flight, in put order; many
+        keys in parallel; at most ``concurrency`` in flight in all (``None``: no cap).
+        Raises :class:`~turnstile.NotSupported` on a backend without queues."""
+        queues = getattr(self.backend, "queues", None)
+        if queues is None:
+            raise NotSupported(
+                f"the {self.backend.characteristics.scheme}:// backend does not support "
+                "queues in this release"
+            )
+        return AsyncQueue(
+            queues(),
+            name,
+            visibility_timeout,
+            max_attempts,
+            concurrency,
+            dedup_window=dedup_window,
+        )
+
     async def status(self, name: str) -> Status:
         return await self.backend.status(validate.name(name))
 
@@ -92,10 +121,8 @@ class AsyncClient:
             @functools.wraps(fn)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
                 name = base + str(getter(args, kwargs))
-                async with self.lock(name, ttl).acquire(timeout=timeout):  # unasync: async-only
-                # unasync: sync-only
-                # with self.lock(name, ttl).acquire(timeout=timeout):
-                # unasync: end
+                lease = await self.lock(name, ttl).acquire(timeout=timeout)
+                async with lease:
                     return await fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -114,10 +141,8 @@ class AsyncClient:
 
             @functools.wraps(fn)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with sem.acquire(timeout=timeout):  # unasync: async-only
-                # unasync: sync-only
-                # with sem.acquire(timeout=timeout):
-                # unasync: end
+                lease = await sem.acquire(timeout=timeout)
+                async with lease:
                     return await fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -152,14 +177,14 @@ class AsyncClient:
         await self.close()
 
 
-def _key_getter(fn: Any, key: Callable[..., Any] | str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+def _key_getter(
+    fn: Any, key: Callable[..., Any] | str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     if callable(key):
         return lambda args, kwargs: key(*args, **kwargs)
     signature = inspect.signature(fn)
     if key not in signature.parameters:
-        raise InvalidArgument(
-            f"key={key!r} is not a parameter of {fn.__qualname__}{signature}"
-        )
+        raise InvalidArgument(f"key={key!r} is not a parameter of {fn.__qualname__}{signature}")
 
     def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         bound = signature.bind(*args, **kwargs)

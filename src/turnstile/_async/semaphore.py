@@ -61,9 +61,7 @@ class AsyncLease:
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
-        return (
-            f"<Lease name={self.name!r} holder={self.holder!r} token={self.token} {state}>"
-        )
+        return f"<Lease name={self.name!r} holder={self.holder!r} token={self.token} {state}>"
 
     @property
     def lost(self) -> bool:
@@ -180,9 +178,10 @@ class AsyncTicket:
 
 
 # unasync: async-only
-class _AcquireContext:
-    """What ``acquire()`` returns in the async API: await it for a lease, or use it directly
-    as ``async with sem.acquire(timeout=5) as lease:``."""
+class _AcquireContext(Coroutine[Any, Any, AsyncLease]):
+    """What ``acquire()`` returns in the async API: await it for a lease, use it directly as
+    ``async with sem.acquire(timeout=5) as lease:``, or hand it to ``asyncio.create_task``
+    like any coroutine."""
 
     def __init__(self, coro: Coroutine[Any, Any, AsyncLease]) -> None:
         self._coro = coro
@@ -190,6 +189,15 @@ class _AcquireContext:
 
     def __await__(self) -> Generator[Any, None, AsyncLease]:
         return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        self._coro.close()
 
     async def __aenter__(self) -> AsyncLease:
         self._lease = await self._coro
@@ -244,7 +252,9 @@ class AsyncSemaphore:
             on_lost=self._on_lost,
         )
 
-    async def _step(self, holder: str, wait_ttl: float, enqueue: bool) -> tuple[AcquireResult, float]:
+    async def _step(
+        self, holder: str, wait_ttl: float, enqueue: bool
+    ) -> tuple[AcquireResult, float]:
         sent = time.monotonic()
         result = await self._backend.acquire(
             self.name, holder, limit=self.limit, ttl=self.ttl, wait_ttl=wait_ttl, enqueue=enqueue
@@ -393,4 +403,3 @@ class AsyncLock(AsyncSemaphore):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} ttl={self.ttl}>"
-

@@ -24,7 +24,9 @@ def _utf8_len(value: str, arg: str) -> int:
     try:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidArgument(f"{arg} must be valid Unicode text (lone surrogates are not)") from None
+        raise InvalidArgument(
+            f"{arg} must be valid Unicode text (lone surrogates are not)"
+        ) from None
 
 
 def name(value: Any, arg: str = "name") -> str:

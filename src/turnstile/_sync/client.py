@@ -12,9 +12,11 @@ from typing import Any, TypeVar
 
 from .._core import urls, validate
 from .._core.models import Characteristics, Status
-from ..errors import ConfigurationError, InvalidArgument
+from .._core.queue_models import DEFAULT_DEDUP_WINDOW
+from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import Backend
+from .queue import Queue
 from .semaphore import Lease, Lock, Semaphore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,6 +57,33 @@ class Client:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order."""
         return Semaphore(self.backend, name, limit, ttl, on_lost=on_lost)
 
+    def queue(
+        self,
+        name: str,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        concurrency: int | None = None,
+        *,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+    ) -> Queue:
+        """A durable keyed FIFO queue: one message per key in flight, in put order; many
+        keys in parallel; at most ``concurrency`` in flight in all (``None``: no cap).
+        Raises :class:`~turnstile.NotSupported` on a backend without queues."""
+        queues = getattr(self.backend, "queues", None)
+        if queues is None:
+            raise NotSupported(
+                f"the {self.backend.characteristics.scheme}:// backend does not support "
+                "queues in this release"
+            )
+        return Queue(
+            queues(),
+            name,
+            visibility_timeout,
+            max_attempts,
+            concurrency,
+            dedup_window=dedup_window,
+        )
+
     def status(self, name: str) -> Status:
         return self.backend.status(validate.name(name))
 
@@ -93,7 +122,8 @@ class Client:
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 name = base + str(getter(args, kwargs))
-                with self.lock(name, ttl).acquire(timeout=timeout):
+                lease = self.lock(name, ttl).acquire(timeout=timeout)
+                with lease:
                     return fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -112,7 +142,8 @@ class Client:
 
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                with sem.acquire(timeout=timeout):
+                lease = sem.acquire(timeout=timeout)
+                with lease:
                     return fn(*args, **kwargs)
 
             return wrapper  # type: ignore[return-value]
@@ -147,14 +178,14 @@ class Client:
         self.close()
 
 
-def _key_getter(fn: Any, key: Callable[..., Any] | str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+def _key_getter(
+    fn: Any, key: Callable[..., Any] | str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     if callable(key):
         return lambda args, kwargs: key(*args, **kwargs)
     signature = inspect.signature(fn)
     if key not in signature.parameters:
-        raise InvalidArgument(
-            f"key={key!r} is not a parameter of {fn.__qualname__}{signature}"
-        )
+        raise InvalidArgument(f"key={key!r} is not a parameter of {fn.__qualname__}{signature}")
 
     def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         bound = signature.bind(*args, **kwargs)

@@ -62,9 +62,7 @@ class Lease:
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
-        return (
-            f"<Lease name={self.name!r} holder={self.holder!r} token={self.token} {state}>"
-        )
+        return f"<Lease name={self.name!r} holder={self.holder!r} token={self.token} {state}>"
 
     @property
     def lost(self) -> bool:
@@ -218,7 +216,9 @@ class Semaphore:
             on_lost=self._on_lost,
         )
 
-    def _step(self, holder: str, wait_ttl: float, enqueue: bool) -> tuple[AcquireResult, float]:
+    def _step(
+        self, holder: str, wait_ttl: float, enqueue: bool
+    ) -> tuple[AcquireResult, float]:
         sent = time.monotonic()
         result = self._backend.acquire(
             self.name, holder, limit=self.limit, ttl=self.ttl, wait_ttl=wait_ttl, enqueue=enqueue
@@ -354,4 +354,3 @@ class Lock(Semaphore):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} ttl={self.ttl}>"
-
