@@ -301,7 +301,12 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             "core's `Lease`) adds to it: p50 with / without it "
             + ", ".join(f"{fmt(a)} / {fmt(b)} ms" for a, b in renewer_cost)
             + ". pg_advisory_lock's hand-over happens inside the server's lock manager, with "
-            "no commit and no client round trip in between."
+            "no commit and no client round trip in between. With many waiting processes, "
+            "every client's LISTEN connection receives every NOTIFY of the schema (one "
+            "channel, the payload names the waiter) and wakes its listener thread to look at "
+            "it: one Python wake-up per process per hand-over, which is what grows with the "
+            "number of waiters here. Per-waiter channels would wake one process only, at the "
+            "price of a LISTEN round trip before each blocking acquire."
         )
     all_t = [r for r in results["handover"] if r.label == TURNSTILE]
     tx = max((_tx(r) for r in all_t), default=math.nan)
