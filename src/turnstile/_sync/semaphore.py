@@ -237,6 +237,10 @@ class Semaphore:
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = None
         try:
+            if timeout != 0 and self._backend.characteristics.cheap_waiters:
+                # Arming costs nothing here: arm before the first step, so no hand-over can
+                # slip past it and no second look is needed.
+                waiter = self._backend.open_waiter(self.name, holder)
             # Inside the try: a step interrupted (cancelled) after the store applied it must
             # not leave a lease or a place in line behind.
             result, sent = self._step(holder, wait_ttl, True)
@@ -246,10 +250,11 @@ class Semaphore:
                 )
                 return self._lease(result, sent)
             if timeout != 0:
-                # Arm the wake-up channel, then look again: no hand-over can slip between.
-                waiter = self._backend.open_waiter(self.name, holder)
-                while True:
+                if waiter is None:
+                    # Arm the wake-up channel, then look again: no hand-over can slip between.
+                    waiter = self._backend.open_waiter(self.name, holder)
                     result, sent = self._step(holder, wait_ttl, True)
+                while True:
                     if result.grant is not None:
                         log_acquire.debug("acquired %r token %d", self.name, result.grant.token)
                         return self._lease(result, sent)
@@ -262,6 +267,7 @@ class Semaphore:
                     if deadline is not None:
                         delay = min(delay, deadline - now)
                     waiter.wait(delay)
+                    result, sent = self._step(holder, wait_ttl, True)
         except BaseException:
             self._leave(holder)
             raise
