@@ -27,11 +27,14 @@ from redis.exceptions import AuthenticationError, RedisClusterException, RedisEr
 
 from ..._core.models import AcquireResult, Characteristics, Grant, Status
 from ...backends import redis_common as common
-from ...errors import BackendUnavailable, ConfigurationError
+from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 from .. import _compat
 
 log = logging.getLogger("turnstile.redis")
 
+# What the driver raises: redis-py's errors (its Cluster errors are not RedisErrors) and
+# socket errors. Each is translated at this module's boundary.
+DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
 # Every script is idempotent (acquire per holder, release/renew per token), so a command
 # whose connection dropped is simply sent again, briefly.
 RETRIES = 3
@@ -88,7 +91,7 @@ class AsyncRedisWaiter:
                 client = self._backend._blocking_client()
                 if await client.blpop([self._key], timeout=block) is not None:
                     return True
-            except (RedisError, OSError) as exc:
+            except DRIVER_ERRORS as exc:
                 # The caller re-checks with an acquire step, which reports a store that is
                 # really gone; here only avoid spinning.
                 log.debug("BLPOP on %s failed: %s", self._backend.config.shown, exc)
@@ -116,7 +119,7 @@ class AsyncRedisBackend:
     def _translate(self, what: str) -> Iterator[None]:
         try:
             yield
-        except (RedisError, OSError) as exc:
+        except DRIVER_ERRORS as exc:
             message = common.safe_message(exc, self.config)
             raise BackendUnavailable(
                 f"Redis {what} failed on {self.config.shown}: {message}"
@@ -190,7 +193,7 @@ class AsyncRedisBackend:
     async def close(self) -> None:
         for client in (self._client, self._blocking):
             if client is not None:
-                with contextlib.suppress(RedisError, OSError):
+                with contextlib.suppress(*DRIVER_ERRORS):
                     await client.aclose()
         self._blocking = None
 
@@ -203,32 +206,8 @@ class AsyncRedisBackend:
                 info = await self._client.info("server", target_nodes=RedisCluster.RANDOM)
             else:
                 info = await self._client.info()
-        except AuthenticationError as exc:
-            raise ConfigurationError(
-                f"Redis at {config.shown} refused the credentials: "
-                f"{common.safe_message(exc, config)}; check the user and password in the URL"
-            ) from exc
-        except ResponseError as exc:
-            message = common.safe_message(exc, config)
-            if "NOAUTH" in message or "WRONGPASS" in message or "NOPERM" in message:
-                raise ConfigurationError(
-                    f"Redis at {config.shown} needs other credentials or permissions: {message}"
-                ) from exc
-            raise BackendUnavailable(f"Redis at {config.shown} answered: {message}") from exc
-        except RedisClusterException as exc:
-            message = common.safe_message(exc, config)
-            if "not enabled" in message.lower():
-                raise ConfigurationError(
-                    f"{config.shown} is not a Redis Cluster ({message}); use redis:// instead"
-                ) from exc
-            raise BackendUnavailable(
-                f"cannot reach the Redis Cluster at {config.shown}: {message}"
-            ) from exc
-        except (RedisError, OSError) as exc:
-            raise BackendUnavailable(
-                f"cannot reach Redis at {config.shown}: {common.safe_message(exc, config)}; "
-                "check the host and port and that the server is running"
-            ) from exc
+        except DRIVER_ERRORS as exc:
+            raise connect_error(config, exc) from exc
         version = str(info.get("redis_version", "0"))
         if not config.cluster and info.get("redis_mode") == "cluster":
             raise ConfigurationError(
@@ -262,14 +241,34 @@ class AsyncRedisBackend:
         )
 
 
+def connect_error(config: common.RedisConfig, exc: BaseException) -> TurnstileError:
+    """What a driver error while connecting means, naming the problem and the fix."""
+    message = common.safe_message(exc, config)
+    if isinstance(exc, AuthenticationError) or any(
+        code in message for code in ("NOAUTH", "WRONGPASS", "NOPERM", "invalid password")
+    ):
+        return ConfigurationError(
+            f"Redis at {config.shown} refused the credentials or permissions: {message}; "
+            "check the user and password in the URL"
+        )
+    if "not enabled" in message.lower() or "cluster support disabled" in message.lower():
+        return ConfigurationError(
+            f"{config.shown} is not a Redis Cluster ({message}); use redis:// instead"
+        )
+    if isinstance(exc, ResponseError):
+        return BackendUnavailable(f"Redis at {config.shown} answered: {message}")
+    return BackendUnavailable(
+        f"cannot reach Redis at {config.shown}: {message}; "
+        "check the host and port and that the server is running"
+    )
+
+
 async def open_backend(url: str, parts: SplitResult) -> AsyncRedisBackend:
     config = common.parse_url(url, parts)
     try:
         backend = AsyncRedisBackend(config)
-    except (RedisError, OSError) as exc:  # a Cluster client connects while it is made
-        raise BackendUnavailable(
-            f"cannot reach Redis at {config.shown}: {common.safe_message(exc, config)}"
-        ) from exc
+    except DRIVER_ERRORS as exc:  # the sync Cluster client connects while it is made
+        raise connect_error(config, exc) from exc
     except TypeError as exc:
         raise ConfigurationError(f"bad option in Redis URL {config.shown}: {exc}") from exc
     try:
