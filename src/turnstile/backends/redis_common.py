@@ -6,12 +6,11 @@ Key layout (``docs/redis.md``): every key lives under the URL's ``prefix`` (defa
 the name (names may hold ``{``, ``}`` and anything else, so the name itself is never part of
 a key, only stored as data), so a name lives in one Redis Cluster slot::
 
-    <prefix>{T}:m    hash  name, limit, last fencing token, waiter sequence
-    <prefix>{T}:h    hash  holder -> token, acquired, expires, claimed
-    <prefix>{T}:hx   zset  holders by expiry
-    <prefix>{T}:w    hash  waiter -> ttl, wait_ttl, joined, expires
+    <prefix>{T}:d    hash  the name, limit, last fencing token, waiter sequence, and one
+                           field per holder (h:<holder>) and per waiter (w:<holder>)
+    <prefix>{T}:hx   zset  holders by lease expiry
+    <prefix>{T}:wx   zset  waiters by waiting-entry expiry
     <prefix>{T}:wq   zset  waiters in line order
-    <prefix>{T}:wx   zset  waiters by expiry
     <prefix>{T}:s:<holder>  list  wake-up signal of one waiting holder
 """
 
@@ -229,7 +228,7 @@ def key_base(prefix: str, name: str) -> str:
     return f"{prefix}{{{name_tag(name)}}}:"
 
 
-KEY_SUFFIXES = ("m", "h", "hx", "w", "wq", "wx")
+KEY_SUFFIXES = ("d", "hx", "wx", "wq")
 
 
 def name_keys(base: str) -> list[str]:
@@ -246,7 +245,7 @@ def glob_escape(text: str) -> str:
 
 def meta_pattern(prefix: str) -> str:
     """SCAN pattern matching the metadata key of every name under ``prefix``."""
-    return glob_escape(prefix) + "{*}:m"
+    return glob_escape(prefix) + "{*}:d"
 
 
 def micros(seconds: float) -> int:

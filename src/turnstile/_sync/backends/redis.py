@@ -175,7 +175,7 @@ class RedisBackend:
                 match=common.meta_pattern(self.config.prefix), count=1000
             ):
                 key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-                base = key[:-1]  # "<prefix>{T}:m" -> "<prefix>{T}:"
+                base = key[:-1]  # "<prefix>{T}:d" -> "<prefix>{T}:"
                 reply = self._scripts["probe"](keys=common.name_keys(base), args=[base])
                 name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
                 if name and name.startswith(prefix):

@@ -3,36 +3,49 @@
 -- This file is prepended to each operation script when it is loaded (one EVALSHA per
 -- operation; Redis has no includes). It implements the steps of turnstile/_core/model.py.
 --
--- Keys of one name, all under one hash tag {T} (T = a hash of the name) so they share a
--- Cluster slot; every script gets them in this order:
---   KEYS[1] M   hash   name, limit, last (last fencing token), seq (waiter sequence)
---   KEYS[2] H   hash   holder -> "token acquired_us expires_us claimed(0|1)"
---   KEYS[3] HX  zset   holder scored by expires_us (expiry index of H)
---   KEYS[4] W   hash   waiter -> "ttl_us wait_ttl_us joined_us expires_us"
---   KEYS[5] WQ  zset   waiter scored by seq (the line, in the order waiters first asked)
---   KEYS[6] WX  zset   waiter scored by expires_us (expiry index of W)
+-- Keys of one name, all under one hash tag {T} (T = a hash of the name, never the name
+-- itself) so they share a Cluster slot; every script gets them in this order:
+--   KEYS[1] D   hash  "=name" the name, "=limit", "=last" last fencing token,
+--                     "=seq" waiter sequence, "=exp" latest expiry of any entry (us),
+--                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)",
+--                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us"
+--   KEYS[2] HX  zset  holder scored by its lease's expires_us
+--   KEYS[3] WX  zset  waiter scored by its waiting entry's expires_us
+--   KEYS[4] WQ  zset  waiter scored by seq: the line, in the order waiters first asked
 -- ARGV[1] is the common key base "<prefix>{T}:"; the wake-up list of holder X is
--- BASE .. "s:" .. X. It is not in KEYS (the holder to wake is only known inside the
--- script) but it carries the same hash tag, so it lives in the same slot.
+-- BASE .. "s:" .. X. It is not in KEYS (which waiter to wake is only known inside the
+-- script) but carries the same hash tag, so it lives in the same slot.
 --
--- Times are integer microseconds on the server clock (TIME). Redis 7 replicates a script's
+-- Times are integer microseconds on the server clock (TIME). Redis 5+ replicates a script's
 -- effects, not the script, so reading TIME before writing is safe on replicas and in AOF.
+-- Every key expires by itself KEEP_US after the latest entry in it (the token counter must
+-- outlive the name's leases); the Redis commands an operation sends do not depend on the
+-- number of waiters.
 
-local M, H, HX, W, WQ, WX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local D, HX, WX, WQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local BASE = ARGV[1]
--- The token counter (M.last) outlives the name's last lease or waiting entry by this much;
--- after that, tokens rest on the clock alone (max(last + 1, now_us)).
 local KEEP_US = 3600 * 1000000
 local CHUNK = 1000 -- stay well below Lua's unpack() limit
 
-local function server_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local NOW = server_now()
-
 local function fmt(n)
   return string.format('%d', n)
+end
+
+local t = redis.call('TIME')
+local NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- State read at the start of an operation (one HMGET), written back by finish().
+local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false}
+local pending = {}    -- D fields to write in finish(): field -> value
+local extend = {}     -- keys whose expiry must cover the newest entry
+local newest = 0      -- latest expiry written by this operation
+
+local function load(holder)
+  local r = redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp',
+                       'h:' .. holder, 'w:' .. holder)
+  S.name, S.limit = r[1], r[2] and tonumber(r[2])
+  S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
+  S.mine, S.waiting = r[6], r[7]
 end
 
 local function parse_holder(s)
@@ -41,10 +54,9 @@ local function parse_holder(s)
           claimed = claimed == '1'}
 end
 
-local function put_holder(holder, h)
-  redis.call('HSET', H, holder,
-    h.token .. ' ' .. fmt(h.acquired) .. ' ' .. fmt(h.expires) .. ' ' .. (h.claimed and '1' or '0'))
-  redis.call('ZADD', HX, fmt(h.expires), holder)
+local function pack_holder(h)
+  return h.token .. ' ' .. fmt(h.acquired) .. ' ' .. fmt(h.expires) .. ' ' ..
+         (h.claimed and '1' or '0')
 end
 
 local function parse_waiter(s)
@@ -53,44 +65,84 @@ local function parse_waiter(s)
           expires = tonumber(expires)}
 end
 
+local function pack_waiter(w)
+  return fmt(w.ttl) .. ' ' .. fmt(w.wait_ttl) .. ' ' .. fmt(w.joined) .. ' ' .. fmt(w.expires)
+end
+
+local function wrote(expires, ...)
+  newest = math.max(newest, expires)
+  extend[D] = true
+  for _, k in ipairs({...}) do extend[k] = true end
+end
+
+local function unpack_chunks(list, fn)
+  for i = 1, #list, CHUNK do
+    fn({unpack(list, i, math.min(i + CHUNK - 1, #list))})
+  end
+end
+
+local function prefixed(p, members)
+  local out = {}
+  for i, m in ipairs(members) do
+    out[i] = p .. m
+    pending[p .. m] = nil
+  end
+  return out
+end
+
+-- Store holders {holder, record} as D fields and in the expiry index (one call each).
+local function put_holders(list)
+  local z = {}
+  for _, item in ipairs(list) do
+    pending['h:' .. item[1]] = pack_holder(item[2])
+    table.insert(z, fmt(item[2].expires))
+    table.insert(z, item[1])
+    wrote(item[2].expires, HX)
+  end
+  if #z > 0 then redis.call('ZADD', HX, unpack(z)) end
+end
+
 local function put_waiter(holder, w)
-  redis.call('HSET', W, holder,
-    fmt(w.ttl) .. ' ' .. fmt(w.wait_ttl) .. ' ' .. fmt(w.joined) .. ' ' .. fmt(w.expires))
+  pending['w:' .. holder] = pack_waiter(w)
   redis.call('ZADD', WX, fmt(w.expires), holder)
+  wrote(w.expires, WX, WQ)
+end
+
+local function drop_holder(holder)
+  redis.call('HDEL', D, unpack(prefixed('h:', {holder})))
+  redis.call('ZREM', HX, holder)
 end
 
 local function drop_waiter(holder)
-  redis.call('HDEL', W, holder)
+  redis.call('HDEL', D, unpack(prefixed('w:', {holder})))
   redis.call('ZREM', WQ, holder)
   redis.call('ZREM', WX, holder)
 end
 
-local function remove_members(hash, zsets, members)
-  for i = 1, #members, CHUNK do
-    local chunk = {unpack(members, i, math.min(i + CHUNK - 1, #members))}
-    redis.call('HDEL', hash, unpack(chunk))
-    for _, z in ipairs(zsets) do
-      redis.call('ZREM', z, unpack(chunk))
-    end
-  end
-end
-
 -- model.purge: drop expired leases and waiting entries (expires <= now).
-local function purge()
+local function purge(holder)
   local gone = redis.call('ZRANGEBYSCORE', HX, '-inf', fmt(NOW))
-  if #gone > 0 then remove_members(H, {HX}, gone) end
+  if #gone > 0 then
+    unpack_chunks(gone, function(c) redis.call('HDEL', D, unpack(prefixed('h:', c))) end)
+    redis.call('ZREMRANGEBYSCORE', HX, '-inf', fmt(NOW))
+    for _, g in ipairs(gone) do if g == holder then S.mine = false end end
+  end
   gone = redis.call('ZRANGEBYSCORE', WX, '-inf', fmt(NOW))
-  if #gone > 0 then remove_members(W, {WQ, WX}, gone) end
+  if #gone > 0 then
+    unpack_chunks(gone, function(c)
+      redis.call('HDEL', D, unpack(prefixed('w:', c)))
+      redis.call('ZREM', WQ, unpack(c))
+    end)
+    redis.call('ZREMRANGEBYSCORE', WX, '-inf', fmt(NOW))
+    for _, g in ipairs(gone) do if g == holder then S.waiting = false end end
+  end
 end
 
--- model.clock_token: max(last + 1, now_us), the counter kept per name in M.last.
-local last_token = nil
+-- model.clock_token: max(last + 1, now_us), the counter kept per name in D "=last".
 local function next_token()
-  if last_token == nil then
-    last_token = tonumber(redis.call('HGET', M, 'last') or '0')
-  end
-  last_token = math.max(last_token + 1, NOW)
-  return last_token
+  S.last = math.max(S.last + 1, NOW)
+  pending['=last'] = fmt(S.last)
+  return fmt(S.last)
 end
 
 local function signal_key(holder)
@@ -107,52 +159,56 @@ end
 
 -- model.promote: grant free slots to waiters from the front. The claimant (the caller)
 -- gets a claimed grant for its full ttl; anyone else an unclaimed grant lasting
--- min(ttl, wait_ttl), and a wake-up.
+-- min(ttl, wait_ttl), and a wake-up. Returns the free slots left (0, or > 0 only when the
+-- line is now empty) and the records granted, by holder.
 local function promote(limit, claimant)
+  local granted = {}
   local free = limit - redis.call('ZCARD', HX)
-  if free <= 0 then return end
+  if free <= 0 then return 0, granted end
   local front = redis.call('ZRANGE', WQ, 0, free - 1)
-  for _, holder in ipairs(front) do
-    local w = parse_waiter(redis.call('HGET', W, holder))
-    drop_waiter(holder)
+  if #front == 0 then return free, granted end
+  local recs = redis.call('HMGET', D, unpack(prefixed('w:', front)))
+  redis.call('HDEL', D, unpack(prefixed('w:', front)))
+  redis.call('ZREM', WQ, unpack(front))
+  redis.call('ZREM', WX, unpack(front))
+  local grants = {}
+  for i, holder in ipairs(front) do
+    local w = parse_waiter(recs[i])
     local claimed = holder == claimant
     local lease = claimed and w.ttl or math.min(w.ttl, w.wait_ttl)
-    put_holder(holder, {token = fmt(next_token()), acquired = NOW, expires = NOW + lease,
-                        claimed = claimed})
+    local h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed}
+    granted[holder] = h
+    table.insert(grants, {holder, h})
     if not claimed then wake(holder, lease) end
   end
+  put_holders(grants)
+  return free - #front, granted
 end
 
--- Seconds (here: microseconds) until the earliest lease expires, or -1 without holders.
+-- Microseconds until the earliest lease expires, or -1 without holders.
 local function retry_after()
   local first = redis.call('ZRANGE', HX, 0, 0, 'WITHSCORES')
   if #first == 0 then return -1 end
   return math.max(0, tonumber(first[2]) - NOW)
 end
 
-local function expire_at(keys, us)
-  local ms = fmt(math.floor(us / 1000) + 2)
-  for _, k in ipairs(keys) do redis.call('PEXPIREAT', k, ms) end
-end
-
--- Write back the token counter and let every key expire by itself once nothing in it is
--- alive: a name nobody touches again leaves nothing behind (M after KEEP_US more).
+-- Write back D's changed fields, and push the expiry of every key written past its newest
+-- entry (plus KEEP_US for the token counter): a name nobody touches again leaves nothing.
 local function finish()
-  if last_token ~= nil then redis.call('HSET', M, 'last', fmt(last_token)) end
-  local horizon = NOW
-  local top = redis.call('ZRANGE', HX, -1, -1, 'WITHSCORES')
-  if #top > 0 then
-    local t = tonumber(top[2])
-    horizon = math.max(horizon, t)
-    expire_at({H, HX}, t)
+  if newest > S.exp then
+    S.exp = newest
+    pending['=exp'] = fmt(newest)
   end
-  top = redis.call('ZRANGE', WX, -1, -1, 'WITHSCORES')
-  if #top > 0 then
-    local t = tonumber(top[2])
-    horizon = math.max(horizon, t)
-    expire_at({W, WQ, WX}, t)
+  local fields = {}
+  for f, v in pairs(pending) do
+    table.insert(fields, f)
+    table.insert(fields, v)
   end
-  expire_at({M}, horizon + KEEP_US)
+  if #fields > 0 then redis.call('HSET', D, unpack(fields)) end
+  if next(extend) ~= nil then
+    local at = fmt(math.floor((S.exp + KEEP_US) / 1000) + 2)
+    for k, _ in pairs(extend) do redis.call('PEXPIREAT', k, at) end
+  end
 end
 
 local function grant_reply(h)

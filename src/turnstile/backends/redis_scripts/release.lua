@@ -3,30 +3,25 @@
 -- in line (and any grant handed to it meanwhile). A stale or repeated release changes
 -- nothing.
 --
--- KEYS: M H HX W WQ WX (see _lib.lua)
+-- KEYS: D HX WX WQ (see _lib.lua)
 -- ARGV: [1] key base  [2] holder  [3] token as a decimal string, or "" for none
 -- Returns 1 if something was released, else 0.
 
 local holder, token = ARGV[2], ARGV[3]
-purge()
+load(holder)
+purge(holder)
 local released = 0
-local mine = redis.call('HGET', H, holder)
-if mine then
-  local h = parse_holder(mine)
-  if token == '' or h.token == token then
-    redis.call('HDEL', H, holder)
-    redis.call('ZREM', HX, holder)
-    released = 1
-  end
+if S.mine and (token == '' or parse_holder(S.mine).token == token) then
+  drop_holder(holder)
+  released = 1
 end
 if token == '' then
-  if redis.call('HDEL', W, holder) == 1 then
-    redis.call('ZREM', WQ, holder)
-    redis.call('ZREM', WX, holder)
+  if S.waiting then
+    drop_waiter(holder)
     released = 1
   end
   redis.call('DEL', signal_key(holder))
 end
-promote(tonumber(redis.call('HGET', M, 'limit') or '1'), nil)
+if S.limit then promote(S.limit, nil) end
 finish()
 return released
