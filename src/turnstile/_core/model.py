@@ -119,7 +119,9 @@ def acquire(
     take a free slot only if nobody waits. Idempotent per ``holder``."""
     purge(state, now)
     state.limit = limit
-    woken = promote(state, now, next_token, None)  # a lowered/raised limit or expiries
+    # Expiries (or a raised limit) free slots for the waiters in front; the caller may be one
+    # of them and then claims its grant below, so it is not among those to be woken.
+    woken = [h for h in promote(state, now, next_token, None) if h != holder]
     mine = state.holders.get(holder)
     if mine is not None:
         if not mine.claimed:

@@ -66,11 +66,11 @@ class SQLiteStore:
 
     # -- connections and transactions ---------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
+        if self._closed:  # before the cached connection, which close() has closed
+            raise BackendUnavailable("the SQLite client is closed")
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
-        if self._closed:
-            raise BackendUnavailable("the SQLite client is closed")
         try:
             # SQLite's own busy handler only while setting up (switching to WAL takes an
             # exclusive lock for a moment when many processes open a new file at once).
@@ -97,8 +97,11 @@ class SQLiteStore:
         while True:
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
+            except sqlite3.Error as exc:
+                busy = isinstance(exc, sqlite3.OperationalError) and (
+                    "locked" in str(exc) or "busy" in str(exc)
+                )
+                if not busy:
                     raise BackendUnavailable(f"SQLite error on {self.path!r}: {exc}") from exc
                 if time.monotonic() > deadline:
                     raise BackendUnavailable(
@@ -206,6 +209,13 @@ class SQLiteStore:
         for w in state.waiters:  # in line order, so new rows get increasing seq
             values = new_waiters[w.holder]
             old = old_waiters.get(w.holder)
+            if old is not None and old[2] != values[2]:
+                # A new entry (its old one lapsed and it asked again in this step): it goes to
+                # the back of the line, so it needs a new seq, not the old row's.
+                conn.execute(
+                    "DELETE FROM turnstile_waiters WHERE name = ? AND holder = ?", (name, w.holder)
+                )
+                old = None
             if old is None:
                 conn.execute(
                     "INSERT INTO turnstile_waiters"
@@ -314,7 +324,10 @@ class SQLiteStore:
         self._run(lambda conn: conn.execute("SELECT 1").fetchone(), write=False)
 
     def data_version(self) -> int:
-        (version,) = self._conn().execute("PRAGMA data_version").fetchone()
+        try:
+            (version,) = self._conn().execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"SQLite error on {self.path!r}: {exc}") from exc
         return int(version)
 
     # -- wake-up --------------------------------------------------------------------------

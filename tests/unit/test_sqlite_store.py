@@ -1,0 +1,166 @@
+"""The SQLite store runs the reference state machine inside its transactions: with an
+injected clock, every answer equals the model's, step for step. Plus what is SQLite's own:
+tokens kept in the file, the schema version, a closed store."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from turnstile._core import model
+from turnstile.backends.sqlite_store import SCHEMA_VERSION, SQLiteStore
+from turnstile.errors import BackendUnavailable, ConfigurationError
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Reference:
+    """The model on plain Python objects, with one token counter for all names."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.states: dict[str, model.NameState] = {}
+        self.last = 0
+
+    def _tokens(self) -> model.Callable[[], int]:  # type: ignore[name-defined]
+        now = self.clock()
+
+        def next_token() -> int:
+            self.last = model.clock_token(self.last, now)
+            return self.last
+
+        return next_token
+
+    def state(self, name: str) -> model.NameState:
+        return self.states.setdefault(name, model.NameState())
+
+    def acquire(
+        self, name: str, holder: str, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> model.AcquireResult:
+        result, _ = model.acquire(
+            self.state(name),
+            name=name,
+            holder=holder,
+            limit=limit,
+            ttl=ttl,
+            wait_ttl=wait_ttl,
+            enqueue=enqueue,
+            now=self.clock(),
+            next_token=self._tokens(),
+        )
+        return result
+
+    def release(self, name: str, holder: str, token: int | None) -> bool:
+        released, _ = model.release(
+            self.state(name),
+            holder=holder,
+            token=token,
+            now=self.clock(),
+            next_token=self._tokens(),
+        )
+        return released
+
+    def renew(self, name: str, holder: str, token: int, ttl: float) -> model.Grant | None:
+        return model.renew(
+            self.state(name), name=name, holder=holder, token=token, ttl=ttl, now=self.clock()
+        )
+
+    def status(self, name: str) -> model.Status:
+        return model.status(self.state(name), name=name, now=self.clock())
+
+
+def test_store_follows_the_model_step_for_step(tmp_path: Path) -> None:
+    rng = random.Random(42)
+    clock = Clock(1_700_000_000.0)
+    store = SQLiteStore(str(tmp_path / "diff.db"), clock=clock)
+    ref = Reference(clock)
+    names = ["n1", "{n2} 😀"]
+    holders = [f"h{i}" for i in range(6)]
+    tokens: dict[tuple[str, str], int] = {}
+    try:
+        for step in range(1500):
+            clock.now += rng.choice([0.0, 0.001, 0.05, 0.3, 1.0])
+            name, holder = rng.choice(names), rng.choice(holders)
+            op = rng.random()
+            if op < 0.55:
+                args = (
+                    name,
+                    holder,
+                    rng.choice([1, 1, 2, 3]),
+                    rng.choice([0.5, 1.0, 4.0]),
+                    rng.choice([0.2, 1.0]),
+                    rng.random() < 0.85,
+                )
+                got, want = store.acquire(*args), ref.acquire(*args)
+                if want.grant is not None:
+                    tokens[(name, holder)] = want.grant.token
+            elif op < 0.85:
+                token = tokens.get((name, holder)) if rng.random() < 0.7 else None
+                if token is not None and rng.random() < 0.2:
+                    token += 1
+                got, want = store.release(name, holder, token), ref.release(name, holder, token)
+            else:
+                token = tokens.get((name, holder), 1)
+                got = store.renew(name, holder, token, 1.0)
+                want = ref.renew(name, holder, token, 1.0)
+            assert got == want, f"step {step}"
+            for n in names:
+                assert store.status(n) == ref.status(n), f"step {step}, {n}"
+    finally:
+        store.close()
+
+
+def test_tokens_survive_reopening_even_with_a_clock_that_went_back(tmp_path: Path) -> None:
+    path = str(tmp_path / "tokens.db")
+    store = SQLiteStore(path, clock=Clock(2_000_000_000.0))
+    first = store.acquire("n", "a", 1, 1.0, 1.0, True).grant
+    assert first is not None
+    store.close()
+    store = SQLiteStore(path, clock=Clock(1_000_000_000.0))  # the host clock stepped back
+    try:
+        second = store.acquire("n2", "a", 1, 1.0, 1.0, True).grant
+        assert second is not None and second.token == first.token + 1
+    finally:
+        store.close()
+
+
+def test_wal_and_schema_version(tmp_path: Path) -> None:
+    path = str(tmp_path / "schema.db")
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(ConfigurationError, match="newer than this release"):
+        SQLiteStore(path)
+
+
+def test_closed_store_raises_backend_unavailable(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "closed.db"))
+    store.acquire("n", "a", 1, 1.0, 1.0, True)
+    store.close()
+    store.close()  # twice is harmless
+    for call in (
+        lambda: store.acquire("n", "b", 1, 1.0, 1.0, True),
+        lambda: store.release("n", "a", None),
+        lambda: store.status("n"),
+        store.ping,
+        store.data_version,
+    ):
+        with pytest.raises(BackendUnavailable, match="closed"):
+            call()
+
+
+def test_unopenable_file_is_backend_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailable) as info:
+        SQLiteStore(str(tmp_path / "no-such-dir" / "x.db"))
+    assert isinstance(info.value.__cause__, sqlite3.Error)
