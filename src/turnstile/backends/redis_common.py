@@ -57,6 +57,17 @@ QUERY_OPTIONS: dict[str, str] = {
 OPERATIONS = ("acquire", "release", "renew", "status", "probe")
 
 
+@dataclass(frozen=True)
+class Script:
+    """One operation's Lua source and its SHA1, as EVALSHA names it."""
+
+    text: str
+    sha: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode("utf-8")).hexdigest())
+
+
 def script_text(operation: str) -> str:
     """The Lua source of one operation: the shared library followed by the operation."""
     folder = resources.files("turnstile.backends").joinpath("redis_scripts")
@@ -233,6 +244,26 @@ KEY_SUFFIXES = ("d", "hx", "wx", "wq")
 
 def name_keys(base: str) -> list[str]:
     return [base + suffix for suffix in KEY_SUFFIXES]
+
+
+class KeyCache:
+    """Key base and keys of recently used names (hashing a name is not free)."""
+
+    SIZE = 1024
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._cache: dict[str, tuple[str, list[str]]] = {}
+
+    def get(self, name: str) -> tuple[str, list[str]]:
+        found = self._cache.get(name)
+        if found is None:
+            base = key_base(self.prefix, name)
+            found = (base, name_keys(base))
+            if len(self._cache) >= self.SIZE:
+                self._cache.clear()
+            self._cache[name] = found
+        return found
 
 
 def signal_key(base: str, holder: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import SplitResult
 
@@ -22,8 +21,13 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from ..._core.models import AcquireResult, Characteristics, Grant, Status
 from ...backends import redis_common as common
@@ -72,7 +76,13 @@ def _make_client(config: common.RedisConfig, options: dict[str, Any]) -> Any:
 
 
 class AsyncRedisWaiter:
-    """Blocks in BLPOP on the waiter's own list, which the granting script pushes to."""
+    """Blocks in BLPOP on the waiter's own list, which the granting script pushes to.
+
+    The list keeps a wake-up pushed before the waiter started waiting (until the grant it
+    announces lapses), so the acquire step made before this waiter was opened needs no
+    repeating (``keeps_early_wakeups``)."""
+
+    keeps_early_wakeups = True
 
     def __init__(self, backend: AsyncRedisBackend, key: str) -> None:
         self._backend = backend
@@ -87,11 +97,15 @@ class AsyncRedisWaiter:
             # Redis reads the timeout in milliseconds and 0 means forever: round up.
             block = max(0.001, min(left, common.MAX_BLOCK))
             block = int(block * 1000 + 0.999) / 1000
+            cancels = _compat.cancel_count()
             try:
                 client = self._backend._blocking_client()
-                if await client.blpop([self._key], timeout=block) is not None:
+                popped = await client.blpop([self._key], timeout=block)
+                _compat.raise_if_cancelled_since(cancels)
+                if popped is not None:
                     return True
             except DRIVER_ERRORS as exc:
+                _compat.raise_if_cancelled_since(cancels)
                 # The caller re-checks with an acquire step, which reports a store that is
                 # really gone; here only avoid spinning.
                 log.debug("BLPOP on %s failed: %s", self._backend.config.shown, exc)
@@ -108,22 +122,15 @@ class AsyncRedisBackend:
         self.characteristics = _characteristics(config, False, f"Redis at {config.shown}")
         self._client = _make_client(config, config.options)
         self._blocking: Any = None
-        # Loaded once per client: EVALSHA, and SCRIPT LOAD only when a server answers
-        # NOSCRIPT (first use, or after a restart / failover).
-        self._scripts: dict[str, AsyncScript] = {
-            op: self._client.register_script(common.script_text(op)) for op in common.OPERATIONS
-        }
+        # Read once per client; sent as EVALSHA, and loaded (SCRIPT LOAD) only when a server
+        # answers NOSCRIPT: on first use, or after a restart or failover emptied its cache.
+        self._scripts = {op: common.Script(common.script_text(op)) for op in common.OPERATIONS}
+        self._keys = common.KeyCache(config.prefix)
 
     # -- plumbing ----------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except DRIVER_ERRORS as exc:
-            message = common.safe_message(exc, self.config)
-            raise BackendUnavailable(
-                f"Redis {what} failed on {self.config.shown}: {message}"
-            ) from exc
+    def _unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
+        message = common.safe_message(exc, self.config)
+        return BackendUnavailable(f"Redis {what} failed on {self.config.shown}: {message}")
 
     def _blocking_client(self) -> Any:
         # A separate client (and connections) for BLPOP, so blocked waiters never hold the
@@ -133,10 +140,26 @@ class AsyncRedisBackend:
             self._blocking = _make_client(self.config, self.config.blocking_options())
         return self._blocking
 
+    async def _eval(self, op: str, keys: list[str], args: list[Any]) -> Any:
+        script = self._scripts[op]
+        cancels = _compat.cancel_count()
+        try:
+            try:
+                reply = await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self._client.script_load(script.text)
+                reply = await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except DRIVER_ERRORS as exc:
+            _compat.raise_if_cancelled_since(cancels)
+            raise self._unavailable(op, exc) from exc
+        # redis-py may finish a command although its task was cancelled meanwhile: the step
+        # then counts as interrupted (the caller cleans up, as after any cancelled step).
+        _compat.raise_if_cancelled_since(cancels)
+        return reply
+
     async def _run(self, op: str, name: str, args: list[Any]) -> Any:
-        base = common.key_base(self.config.prefix, name)
-        with self._translate(op):
-            return await self._scripts[op](keys=common.name_keys(base), args=[base, *args])
+        base, keys = self._keys.get(name)
+        return await self._eval(op, keys, [base, *args])
 
     # -- the protocol ------------------------------------------------------------------------
     async def acquire(
@@ -168,27 +191,31 @@ class AsyncRedisBackend:
         return common.status_result(name, await self._run("status", name, []))
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
-        found: list[str] = []
-        with self._translate("names"):
+        bases: list[str] = []
+        try:
             async for raw in self._client.scan_iter(
                 match=common.meta_pattern(self.config.prefix), count=1000
             ):
                 key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-                base = key[:-1]  # "<prefix>{T}:d" -> "<prefix>{T}:"
-                reply = await self._scripts["probe"](keys=common.name_keys(base), args=[base])
-                name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
-                if name and name.startswith(prefix):
-                    found.append(name)
-        return sorted(set(found))[:max_count]
+                bases.append(key[:-1])  # "<prefix>{T}:d" -> "<prefix>{T}:"
+        except DRIVER_ERRORS as exc:
+            raise self._unavailable("SCAN", exc) from exc
+        found: set[str] = set()
+        for base in bases:
+            reply = await self._eval("probe", common.name_keys(base), [base])
+            name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
+            if name and name.startswith(prefix):
+                found.add(name)
+        return sorted(found)[:max_count]
 
     async def open_waiter(self, name: str, holder: str) -> AsyncRedisWaiter:
-        return AsyncRedisWaiter(
-            self, common.signal_key(common.key_base(self.config.prefix, name), holder)
-        )
+        return AsyncRedisWaiter(self, common.signal_key(self._keys.get(name)[0], holder))
 
     async def ping(self) -> None:
-        with self._translate("PING"):
+        try:
             await self._client.ping()
+        except DRIVER_ERRORS as exc:
+            raise self._unavailable("PING", exc) from exc
 
     async def close(self) -> None:
         for client in (self._client, self._blocking):

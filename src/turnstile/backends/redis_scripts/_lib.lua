@@ -6,7 +6,8 @@
 -- Keys of one name, all under one hash tag {T} (T = a hash of the name, never the name
 -- itself) so they share a Cluster slot; every script gets them in this order:
 --   KEYS[1] D   hash  "=name" the name, "=limit", "=last" last fencing token,
---                     "=seq" waiter sequence, "=exp" latest expiry of any entry (us),
+--                     "=seq" waiter sequence, "=exp" time up to which the keys' own
+--                     expiry covers every entry (us),
 --                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)",
 --                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us"
 --   KEYS[2] HX  zset  holder scored by its lease's expires_us
@@ -39,6 +40,8 @@ local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false
 local pending = {}    -- D fields to write in finish(): field -> value
 local extend = {}     -- keys whose expiry must cover the newest entry
 local newest = 0      -- latest expiry written by this operation
+-- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
+local NO_HOLDERS, NO_WAITERS = false, false
 
 local function load(holder)
   local r = redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp',
@@ -71,7 +74,6 @@ end
 
 local function wrote(expires, ...)
   newest = math.max(newest, expires)
-  extend[D] = true
   for _, k in ipairs({...}) do extend[k] = true end
 end
 
@@ -99,12 +101,16 @@ local function put_holders(list)
     table.insert(z, item[1])
     wrote(item[2].expires, HX)
   end
-  if #z > 0 then redis.call('ZADD', HX, unpack(z)) end
+  if #z > 0 then
+    redis.call('ZADD', HX, unpack(z))
+    NO_HOLDERS = false
+  end
 end
 
 local function put_waiter(holder, w)
   pending['w:' .. holder] = pack_waiter(w)
   redis.call('ZADD', WX, fmt(w.expires), holder)
+  NO_WAITERS = false
   wrote(w.expires, WX, WQ)
 end
 
@@ -119,16 +125,27 @@ local function drop_waiter(holder)
   redis.call('ZREM', WX, holder)
 end
 
+-- The earliest score of a zset, or nil when it is empty (or missing).
+local function first_score(z)
+  local r = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  if #r == 0 then return nil end
+  return tonumber(r[2])
+end
+
 -- model.purge: drop expired leases and waiting entries (expires <= now).
 local function purge(holder)
-  local gone = redis.call('ZRANGEBYSCORE', HX, '-inf', fmt(NOW))
-  if #gone > 0 then
+  local first = first_score(HX)
+  NO_HOLDERS = first == nil
+  if first ~= nil and first <= NOW then
+    local gone = redis.call('ZRANGEBYSCORE', HX, '-inf', fmt(NOW))
     unpack_chunks(gone, function(c) redis.call('HDEL', D, unpack(prefixed('h:', c))) end)
     redis.call('ZREMRANGEBYSCORE', HX, '-inf', fmt(NOW))
     for _, g in ipairs(gone) do if g == holder then S.mine = false end end
   end
-  gone = redis.call('ZRANGEBYSCORE', WX, '-inf', fmt(NOW))
-  if #gone > 0 then
+  first = first_score(WX)
+  NO_WAITERS = first == nil
+  if first ~= nil and first <= NOW then
+    local gone = redis.call('ZRANGEBYSCORE', WX, '-inf', fmt(NOW))
     unpack_chunks(gone, function(c)
       redis.call('HDEL', D, unpack(prefixed('w:', c)))
       redis.call('ZREM', WQ, unpack(c))
@@ -136,6 +153,11 @@ local function purge(holder)
     redis.call('ZREMRANGEBYSCORE', WX, '-inf', fmt(NOW))
     for _, g in ipairs(gone) do if g == holder then S.waiting = false end end
   end
+end
+
+local function held()
+  if NO_HOLDERS then return 0 end
+  return redis.call('ZCARD', HX)
 end
 
 -- model.clock_token: max(last + 1, now_us), the counter kept per name in D "=last".
@@ -163,8 +185,8 @@ end
 -- line is now empty) and the records granted, by holder.
 local function promote(limit, claimant)
   local granted = {}
-  local free = limit - redis.call('ZCARD', HX)
-  if free <= 0 then return 0, granted end
+  local free = limit - held()
+  if free <= 0 or NO_WAITERS then return math.max(free, 0), granted end
   local front = redis.call('ZRANGE', WQ, 0, free - 1)
   if #front == 0 then return free, granted end
   local recs = redis.call('HMGET', D, unpack(prefixed('w:', front)))
@@ -182,22 +204,29 @@ local function promote(limit, claimant)
     if not claimed then wake(holder, lease) end
   end
   put_holders(grants)
+  if #front < free then NO_WAITERS = true end
   return free - #front, granted
 end
 
 -- Microseconds until the earliest lease expires, or -1 without holders.
 local function retry_after()
-  local first = redis.call('ZRANGE', HX, 0, 0, 'WITHSCORES')
-  if #first == 0 then return -1 end
-  return math.max(0, tonumber(first[2]) - NOW)
+  local first = first_score(HX)
+  if first == nil then return -1 end
+  return math.max(0, first - NOW)
 end
 
--- Write back D's changed fields, and push the expiry of every key written past its newest
--- entry (plus KEEP_US for the token counter): a name nobody touches again leaves nothing.
+-- Write back D's changed fields and keep every key alive past its newest entry, plus KEEP_US
+-- for the token counter: a name nobody touches again leaves nothing behind. "=exp" is the
+-- time up to which the keys' expiry already covers entries; it moves SLACK_US ahead at a time,
+-- so a busy name's D is not given a new expiry on every step. A zset written in this step
+-- may have just been created (Redis drops empty ones), so it is given its expiry every time.
+local SLACK_US = 300 * 1000000
 local function finish()
-  if newest > S.exp then
-    S.exp = newest
-    pending['=exp'] = fmt(newest)
+  local covered = S.exp
+  if newest > covered then
+    covered = newest + SLACK_US
+    pending['=exp'] = fmt(covered)
+    extend[D] = true
   end
   local fields = {}
   for f, v in pairs(pending) do
@@ -206,7 +235,7 @@ local function finish()
   end
   if #fields > 0 then redis.call('HSET', D, unpack(fields)) end
   if next(extend) ~= nil then
-    local at = fmt(math.floor((S.exp + KEEP_US) / 1000) + 2)
+    local at = fmt(math.floor((covered + KEEP_US) / 1000) + 2)
     for k, _ in pairs(extend) do redis.call('PEXPIREAT', k, at) end
   end
 end

@@ -13,6 +13,7 @@ purge(holder)
 local released = 0
 if S.mine and (token == '' or parse_holder(S.mine).token == token) then
   drop_holder(holder)
+  NO_HOLDERS = false -- maybe empty now: count again if needed
   released = 1
 end
 if token == '' then
@@ -22,6 +23,6 @@ if token == '' then
   end
   redis.call('DEL', signal_key(holder))
 end
-if S.limit then promote(S.limit, nil) end
+if S.limit and not NO_WAITERS then promote(S.limit, nil) end
 finish()
 return released
