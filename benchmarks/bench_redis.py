@@ -517,7 +517,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         best = max(t.ops_per_s, bare.ops_per_s if bare else 0.0)
         met = t.ops_per_s >= 0.8 * b.ops_per_s
         text = (
-            f"- Uncontended ≥ 0.8 × redis-py `Lock`: **{'met' if met else 'missed'}** "
+            f"- Uncontended ≥ 0.8 x redis-py `Lock`: **{'met' if met else 'missed'}** "
             f"({fmt(t.ops_per_s)}/s with the renewer = {fmt(t.ops_per_s / b.ops_per_s)}x; "
             f"bare acquire/release {fmt(bare.ops_per_s if bare else math.nan)}/s = "
             f"{fmt(best / b.ops_per_s)}x; redis-py {fmt(b.ops_per_s)}/s)."
