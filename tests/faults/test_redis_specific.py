@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -270,3 +271,62 @@ async def test_async_handover_wakes_the_next_waiter(where: str, server: RedisPro
             for key in list(admin.scan_iter(match=f"{prefix}*", target_nodes=admin.PRIMARIES)):
                 admin.delete(key)
             admin.close()
+
+
+def test_woken_waiter_claims_without_another_round_trip(server: RedisProcess) -> None:
+    """The claiming acquire step rides behind the BLPOP: a hand-over costs the release
+    script and that one step, and the waiter's lease deadline is conservative."""
+    client = turnstile.connect(server.url + "?prefix=tt-pipe:")
+    waiter_client = turnstile.connect(server.url + "?prefix=tt-pipe:")
+    try:
+        lock = client.lock("job", ttl=5)
+        holder = lock.acquire(timeout=1)
+        lock.release("nobody", 1)  # load the release script before counting
+        got: dict[str, object] = {}
+
+        def wait() -> None:
+            got["lease"] = waiter_client.lock("job", ttl=5).acquire(timeout=10)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not lock.status().waiters and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.4)  # the waiter blocks a while before the hand-over
+        before = server.commandstats()
+        holder.release()
+        thread.join(10)
+        after = server.commandstats()
+        lease = got["lease"]
+        assert isinstance(lease, turnstile.Lease)
+        assert after["evalsha"] - before["evalsha"] == 2  # release + the pipelined claim
+        status = lock.status()
+        assert [h.token for h in status.holders] == [lease.token]
+        left_on_store = status.holders[0].expires_at - status.now
+        # Counted from when the BLPOP was sent, at least 0.4 s before the claim ran.
+        assert lease.remaining <= left_on_store - 0.3
+        assert lease.remaining > 3.0
+        assert not waiter_client.backend._prefetched
+        lease.release()
+    finally:
+        client.close()
+        waiter_client.close()
+
+
+def test_an_answer_nobody_took_is_never_reused(server: RedisProcess) -> None:
+    client = turnstile.connect(server.url + "?prefix=tt-stale:")
+    try:
+        backend = client.backend
+        holder = client.lock("job", ttl=5).acquire(timeout=1)
+        step = backend.acquire("job", "w", limit=1, ttl=5, wait_ttl=2, enqueue=True)
+        assert step.grant is None and step.position == 0
+        waiter = backend.open_waiter("job", "w")
+        holder.release()  # hands over to "w"
+        assert waiter.wait(2) is True
+        assert ("job", "w") in backend._prefetched  # the claim rode behind the BLPOP
+        waiter.close()  # the caller left without asking: the answer is dropped
+        assert not backend._prefetched
+        assert backend.release("job", "w", None) is True
+        assert client.lock("job").status().holders == ()
+    finally:
+        client.close()

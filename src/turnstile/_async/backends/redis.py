@@ -12,6 +12,7 @@ in one slot. See ``docs/redis.md`` for deployment, persistence and the key layou
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -80,13 +81,23 @@ class AsyncRedisWaiter:
 
     The list keeps a wake-up pushed before the waiter started waiting (until the grant it
     announces lapses), so the acquire step made before this waiter was opened needs no
-    repeating (``keeps_early_wakeups``)."""
+    repeating (``keeps_early_wakeups``).
+
+    The acquire step that follows every wait is sent right behind the BLPOP, on the same
+    connection: Redis runs it the moment the BLPOP returns, so a woken waiter gets its grant
+    claimed without another round trip; the backend hands that answer to the caller's next
+    ``acquire`` (see ``AsyncRedisBackend.acquire``)."""
 
     keeps_early_wakeups = True
 
-    def __init__(self, backend: AsyncRedisBackend, key: str) -> None:
+    def __init__(
+        self, backend: AsyncRedisBackend, name: str, holder: str, step: tuple[int, ...] | None
+    ) -> None:
         self._backend = backend
-        self._key = key
+        self._name = name
+        self._holder = holder
+        self._key = common.signal_key(backend._keys.get(name)[0], holder)
+        self._step = step  # the args of the caller's acquire step, if known
 
     async def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -99,8 +110,11 @@ class AsyncRedisWaiter:
             block = int(block * 1000 + 0.999) / 1000
             cancels = _compat.cancel_count()
             try:
-                client = self._backend._blocking_client()
-                popped = await client.blpop([self._key], timeout=block)
+                client = self._backend._blocking_client(self._key)
+                if self._step is None:
+                    popped = await client.blpop([self._key], timeout=block)
+                else:
+                    popped = await self._pop_and_step(client, block)
                 _compat.raise_if_cancelled_since(cancels)
                 if popped is not None:
                     return True
@@ -112,8 +126,35 @@ class AsyncRedisWaiter:
                 await _compat.sleep(min(max(left, 0.0), 0.05))
                 return True
 
+    async def _pop_and_step(self, client: Any, block: float) -> Any:
+        assert self._step is not None
+        backend = self._backend
+        base, keys = backend._keys.get(self._name)
+        script = backend._scripts["acquire"]
+        pipe = client.pipeline(transaction=False)
+        pipe.blpop([self._key], timeout=block)
+        pipe.evalsha(
+            script.sha, len(keys), *keys, base, self._name, self._holder, *self._step
+        )
+        sent = time.monotonic()
+        popped, step = await pipe.execute(raise_on_error=False)
+        if isinstance(popped, BaseException):
+            raise popped
+        if isinstance(step, NoScriptError):
+            await client.script_load(script.text)  # for the next time; this step is lost
+        elif isinstance(step, list):
+            backend._prefetched[(self._name, self._holder)] = (
+                self._step,
+                step,
+                sent,
+                time.monotonic(),
+            )
+        return popped
+
     async def close(self) -> None:
-        return None
+        # An answer nobody asked for (the caller left on an error) must never be handed to a
+        # later acquire of the same holder.
+        self._backend._prefetched.pop((self._name, self._holder), None)
 
 
 class AsyncRedisBackend:
@@ -122,23 +163,48 @@ class AsyncRedisBackend:
         self.characteristics = _characteristics(config, False, f"Redis at {config.shown}")
         self._client = _make_client(config, config.options)
         self._blocking: Any = None
+        self._blocking_nodes: dict[tuple[str, int], Any] = {}
         # Read once per client; sent as EVALSHA, and loaded (SCRIPT LOAD) only when a server
         # answers NOSCRIPT: on first use, or after a restart or failover emptied its cache.
         self._scripts = {op: common.Script(common.script_text(op)) for op in common.OPERATIONS}
         self._keys = common.KeyCache(config.prefix)
+        # The args of the last acquire step of each (name, holder) that left it waiting, for
+        # the waiter opened next (bounded: try_acquire callers never open one).
+        self._waiting_steps: dict[tuple[str, str], tuple[int, ...]] = {}
+        # Answers of acquire steps a waiter sent behind its BLPOP: (args, reply, local send
+        # and receive times), taken by the next matching acquire.
+        self._prefetched: dict[tuple[str, str], tuple[tuple[int, ...], Any, float, float]] = {}
 
     # -- plumbing ----------------------------------------------------------------------------
     def _unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
         message = common.safe_message(exc, self.config)
         return BackendUnavailable(f"Redis {what} failed on {self.config.shown}: {message}")
 
-    def _blocking_client(self) -> Any:
-        # A separate client (and connections) for BLPOP, so blocked waiters never hold the
-        # connections the scripts run on. Created on the first wait: the fast path never
-        # needs it.
-        if self._blocking is None:
-            self._blocking = _make_client(self.config, self.config.blocking_options())
-        return self._blocking
+    def _blocking_client(self, key: str) -> Any:
+        """A client of its own for BLPOP, so blocked waiters never hold the connections the
+        scripts run on; created on the first wait (the fast path never needs it). In a
+        Cluster, a plain client of the node that owns ``key``'s slot (as the Cluster client
+        last saw it; a MOVED answer makes the waiter fall back to an acquire step through
+        the Cluster client, which learns the new owner)."""
+        if not self.config.cluster:
+            if self._blocking is None:
+                self._blocking = _make_client(self.config, self.config.blocking_options())
+            return self._blocking
+        node = self._client.get_node_from_key(key)
+        address = (str(node.host), int(node.port))
+        client = self._blocking_nodes.get(address)
+        if client is None:
+            client = Redis(
+                host=address[0],
+                port=address[1],
+                username=self.config.username,
+                password=self.config.password,
+                ssl=self.config.ssl,
+                retry=_retry(),
+                **self.config.blocking_options(),
+            )
+            self._blocking_nodes[address] = client
+        return client
 
     async def _eval(self, op: str, keys: list[str], args: list[Any]) -> Any:
         script = self._scripts[op]
@@ -165,19 +231,23 @@ class AsyncRedisBackend:
     async def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
-        reply = await self._run(
-            "acquire",
-            name,
-            [
-                name,
-                holder,
-                limit,
-                common.micros(ttl),
-                common.micros(wait_ttl),
-                1 if enqueue else 0,
-            ],
-        )
-        return common.acquire_result(name, holder, reply)
+        step = (limit, common.micros(ttl), common.micros(wait_ttl), 1 if enqueue else 0)
+        if self._prefetched:
+            found = self._prefetched.pop((name, holder), None)
+            if found is not None and found[0] == step and time.monotonic() - found[3] < 1.0:
+                # The step a waiter sent right behind its BLPOP (AsyncRedisWaiter): it ran on
+                # the server after `sent`. Shift `now` by the time since, so that the local
+                # deadline the caller derives (its send time + expires - now) counts from
+                # `sent`: conservative, never late.
+                result = common.acquire_result(name, holder, found[1])
+                return dataclasses.replace(result, now=result.now + (time.monotonic() - found[2]))
+        reply = await self._run("acquire", name, [name, holder, *step])
+        result = common.acquire_result(name, holder, reply)
+        if result.grant is None and result.position is not None:
+            if len(self._waiting_steps) >= common.KeyCache.SIZE:
+                self._waiting_steps.clear()
+            self._waiting_steps[(name, holder)] = step
+        return result
 
     async def release(self, name: str, holder: str, token: int | None) -> bool:
         reply = await self._run("release", name, [holder, "" if token is None else str(token)])
@@ -209,7 +279,7 @@ class AsyncRedisBackend:
         return sorted(found)[:max_count]
 
     async def open_waiter(self, name: str, holder: str) -> AsyncRedisWaiter:
-        return AsyncRedisWaiter(self, common.signal_key(self._keys.get(name)[0], holder))
+        return AsyncRedisWaiter(self, name, holder, self._waiting_steps.pop((name, holder), None))
 
     async def ping(self) -> None:
         try:
@@ -218,11 +288,13 @@ class AsyncRedisBackend:
             raise self._unavailable("PING", exc) from exc
 
     async def close(self) -> None:
-        for client in (self._client, self._blocking):
+        clients = [self._client, self._blocking, *self._blocking_nodes.values()]
+        self._blocking = None
+        self._blocking_nodes = {}
+        for client in clients:
             if client is not None:
                 with contextlib.suppress(*DRIVER_ERRORS):
                     await client.aclose()
-        self._blocking = None
 
     # -- connecting --------------------------------------------------------------------------
     async def _check_server(self) -> None:
