@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
+from ._core.queue_models import MAX_PAYLOAD_BYTES, DeadLetter, KeyDepth, QueueStats, WorkResult
 from ._core.validate import MAX_NAME_BYTES
 from ._sync.client import Client
 from ._sync.client import connect as _connect
+from ._sync.queue import Message, Queue
 from ._sync.semaphore import Lease, Lock, Semaphore, Ticket
 from .errors import (
     AcquireTimeout,
@@ -31,22 +33,29 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAX_NAME_BYTES",
+    "MAX_PAYLOAD_BYTES",
     "AcquireTimeout",
     "BackendUnavailable",
     "Characteristics",
     "Client",
     "ConfigurationError",
+    "DeadLetter",
     "HolderInfo",
     "InvalidArgument",
+    "KeyDepth",
     "Lease",
     "LeaseLost",
     "Lock",
+    "Message",
     "NotSupported",
+    "Queue",
+    "QueueStats",
     "Semaphore",
     "Status",
     "Ticket",
     "TurnstileError",
     "WaiterInfo",
+    "WorkResult",
     "__version__",
     "connect",
 ]

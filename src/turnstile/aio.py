@@ -12,8 +12,10 @@ from typing import Any
 
 from ._async.client import AsyncClient
 from ._async.client import connect as _connect
+from ._async.queue import AsyncMessage, AsyncQueue
 from ._async.semaphore import AsyncLease, AsyncLock, AsyncSemaphore, AsyncTicket
 from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
+from ._core.queue_models import MAX_PAYLOAD_BYTES, DeadLetter, KeyDepth, QueueStats, WorkResult
 from .errors import (
     AcquireTimeout,
     BackendUnavailable,
@@ -27,31 +29,42 @@ from .errors import (
 Client = AsyncClient
 Lease = AsyncLease
 Lock = AsyncLock
+Message = AsyncMessage
+Queue = AsyncQueue
 Semaphore = AsyncSemaphore
 Ticket = AsyncTicket
 
 __all__ = [
+    "MAX_PAYLOAD_BYTES",
     "AcquireTimeout",
     "AsyncClient",
     "AsyncLease",
     "AsyncLock",
+    "AsyncMessage",
+    "AsyncQueue",
     "AsyncSemaphore",
     "AsyncTicket",
     "BackendUnavailable",
     "Characteristics",
     "Client",
     "ConfigurationError",
+    "DeadLetter",
     "HolderInfo",
     "InvalidArgument",
+    "KeyDepth",
     "Lease",
     "LeaseLost",
     "Lock",
+    "Message",
     "NotSupported",
+    "Queue",
+    "QueueStats",
     "Semaphore",
     "Status",
     "Ticket",
     "TurnstileError",
     "WaiterInfo",
+    "WorkResult",
     "connect",
 ]
 

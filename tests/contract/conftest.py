@@ -13,6 +13,14 @@ from tests.conftest import BackendUnderTest
 
 from ._harness import Spawner
 
+CONTRACT_TEST_TIMEOUT = 120  # seconds; every wait in a test is bounded well below this
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/contract/" in item.nodeid and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(CONTRACT_TEST_TIMEOUT))
+
 
 @pytest.fixture
 def client(backend: BackendUnderTest) -> Iterator[turnstile.Client]:

@@ -3,6 +3,8 @@ from intervals and tokens recorded by at least 8 competing processes."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,19 +63,35 @@ def test_lock_sections_never_overlap(
 
 
 @pytest.mark.slow
-def test_semaphore_bound_kept_and_used(backend: BackendUnderTest, workers: Spawner) -> None:
+def test_semaphore_bound_kept_and_used(
+    backend: BackendUnderTest, client: turnstile.Client, workers: Spawner
+) -> None:
     limit = 3
-    intervals = _run(
-        workers, WORKERS, name="safety:sem", limit=limit, ttl=2.0, iterations=3, hold=0.2
-    )
+    sem = client.semaphore("safety:sem", limit, ttl=2.0)
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:  # the store's own view, on the store's clock, while they contend
+        while not stop.wait(0.01):
+            seen.append(len(sem.status().holders))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        intervals = _run(
+            workers, WORKERS, name="safety:sem", limit=limit, ttl=2.0, iterations=3, hold=0.2
+        )
+    finally:
+        stop.set()
+        sampler.join(10)
     peak = check_bounded(intervals, limit)
     assert peak == limit, f"the semaphore never ran {limit} holders in parallel (peak {peak})"
+    assert seen and max(seen) <= limit
+    assert limit in seen
 
 
 def test_semaphore_bound_under_renewal(client: turnstile.Client) -> None:
     """Holders that keep renewing (hold > ttl) still never exceed the limit, and none is lost."""
-    import threading
-    import time
 
     sem = client.semaphore("safety:renewing", 2, ttl=0.3)
     intervals: list[dict[str, Any]] = []

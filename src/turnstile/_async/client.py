@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 
 from .._core import urls, validate
 from .._core.models import Characteristics, Status
-from ..errors import ConfigurationError, InvalidArgument
+from .._core.queue_models import DEFAULT_DEDUP_WINDOW
+from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import AsyncBackend
+from .queue import AsyncQueue
 from .semaphore import AsyncLease, AsyncLock, AsyncSemaphore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,6 +55,33 @@ class AsyncClient:
     ) -> AsyncSemaphore:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order."""
         return AsyncSemaphore(self.backend, name, limit, ttl, on_lost=on_lost)
+
+    def queue(
+        self,
+        name: str,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        concurrency: int | None = None,
+        *,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+    ) -> AsyncQueue:
+        """A durable keyed FIFO queue: one message per key in flight, in put order; many
+        keys in parallel; at most ``concurrency`` in flight in all (``None``: no cap).
+        Raises :class:`~turnstile.NotSupported` on a backend without queues."""
+        queues = getattr(self.backend, "queues", None)
+        if queues is None:
+            raise NotSupported(
+                f"the {self.backend.characteristics.scheme}:// backend does not support "
+                "queues in this release"
+            )
+        return AsyncQueue(
+            queues(),
+            name,
+            visibility_timeout,
+            max_attempts,
+            concurrency,
+            dedup_window=dedup_window,
+        )
 
     async def status(self, name: str) -> Status:
         return await self.backend.status(validate.name(name))

@@ -12,9 +12,11 @@ from typing import Any, TypeVar
 
 from .._core import urls, validate
 from .._core.models import Characteristics, Status
-from ..errors import ConfigurationError, InvalidArgument
+from .._core.queue_models import DEFAULT_DEDUP_WINDOW
+from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import Backend
+from .queue import Queue
 from .semaphore import Lease, Lock, Semaphore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,6 +56,33 @@ class Client:
     ) -> Semaphore:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order."""
         return Semaphore(self.backend, name, limit, ttl, on_lost=on_lost)
+
+    def queue(
+        self,
+        name: str,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        concurrency: int | None = None,
+        *,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+    ) -> Queue:
+        """A durable keyed FIFO queue: one message per key in flight, in put order; many
+        keys in parallel; at most ``concurrency`` in flight in all (``None``: no cap).
+        Raises :class:`~turnstile.NotSupported` on a backend without queues."""
+        queues = getattr(self.backend, "queues", None)
+        if queues is None:
+            raise NotSupported(
+                f"the {self.backend.characteristics.scheme}:// backend does not support "
+                "queues in this release"
+            )
+        return Queue(
+            queues(),
+            name,
+            visibility_timeout,
+            max_attempts,
+            concurrency,
+            dedup_window=dedup_window,
+        )
 
     def status(self, name: str) -> Status:
         return self.backend.status(validate.name(name))

@@ -11,6 +11,7 @@ from urllib.parse import SplitResult
 from ..._core import model
 from ..._core.models import AcquireResult, Characteristics, Grant, Status
 from .. import _compat
+from .memory_queue import AsyncMemoryQueueBackend
 
 CHARACTERISTICS = Characteristics(
     scheme="memory",
@@ -49,6 +50,13 @@ class AsyncMemoryBackend:
         self._states: dict[str, model.NameState] = {}
         self._last_token = 0
         self._events: dict[tuple[str, str], _compat.Event] = {}
+        self._queues: AsyncMemoryQueueBackend | None = None
+
+    def queues(self) -> AsyncMemoryQueueBackend:
+        """The queue operations of this store (see ``memory_queue.py``)."""
+        if self._queues is None:
+            self._queues = AsyncMemoryQueueBackend(self._clock)
+        return self._queues
 
     def _next_token(self) -> int:
         self._last_token += 1

@@ -11,6 +11,7 @@ from urllib.parse import SplitResult
 from ..._core.models import AcquireResult, Characteristics, Grant, Status
 from ...backends.sqlite_store import SQLiteStore, parse_path
 from .. import _compat
+from .sqlite_queue import AsyncSQLiteQueueBackend
 
 CHARACTERISTICS = Characteristics(
     scheme="sqlite",
@@ -57,6 +58,13 @@ class AsyncSQLiteBackend:
 
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
+        self._queues: AsyncSQLiteQueueBackend | None = None
+
+    def queues(self) -> AsyncSQLiteQueueBackend:
+        """The queue operations on the same file (see ``sqlite_queue.py``)."""
+        if self._queues is None:
+            self._queues = AsyncSQLiteQueueBackend(self.store)
+        return self._queues
 
     async def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
@@ -84,6 +92,8 @@ class AsyncSQLiteBackend:
         await _compat.run_blocking(self.store.ping)
 
     async def close(self) -> None:
+        if self._queues is not None:
+            self._queues.close()
         self.store.close()
 
 

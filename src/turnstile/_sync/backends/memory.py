@@ -12,6 +12,7 @@ from urllib.parse import SplitResult
 from ..._core import model
 from ..._core.models import AcquireResult, Characteristics, Grant, Status
 from .. import _compat
+from .memory_queue import MemoryQueueBackend
 
 CHARACTERISTICS = Characteristics(
     scheme="memory",
@@ -50,6 +51,13 @@ class MemoryBackend:
         self._states: dict[str, model.NameState] = {}
         self._last_token = 0
         self._events: dict[tuple[str, str], _compat.Event] = {}
+        self._queues: MemoryQueueBackend | None = None
+
+    def queues(self) -> MemoryQueueBackend:
+        """The queue operations of this store (see ``memory_queue.py``)."""
+        if self._queues is None:
+            self._queues = MemoryQueueBackend(self._clock)
+        return self._queues
 
     def _next_token(self) -> int:
         self._last_token += 1

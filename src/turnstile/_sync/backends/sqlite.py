@@ -12,6 +12,7 @@ from urllib.parse import SplitResult
 from ..._core.models import AcquireResult, Characteristics, Grant, Status
 from ...backends.sqlite_store import SQLiteStore, parse_path
 from .. import _compat
+from .sqlite_queue import SQLiteQueueBackend
 
 CHARACTERISTICS = Characteristics(
     scheme="sqlite",
@@ -58,6 +59,13 @@ class SQLiteBackend:
 
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
+        self._queues: SQLiteQueueBackend | None = None
+
+    def queues(self) -> SQLiteQueueBackend:
+        """The queue operations on the same file (see ``sqlite_queue.py``)."""
+        if self._queues is None:
+            self._queues = SQLiteQueueBackend(self.store)
+        return self._queues
 
     def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
@@ -85,6 +93,8 @@ class SQLiteBackend:
         _compat.run_blocking(self.store.ping)
 
     def close(self) -> None:
+        if self._queues is not None:
+            self._queues.close()
         self.store.close()
 
 

@@ -1,0 +1,540 @@
+"""The keyed FIFO queue, written once over the queue protocol (``backends/queue_base.py``).
+
+Work is recorded when it *arrives* and handed out in that order: one message per key in
+flight (per-key order), many keys in parallel, optionally at most ``concurrency`` in flight
+in all. Delivery is at least once: a message not acked within its visibility timeout is
+delivered again, before later messages of its key. Semantics: ``_core/queue_model.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio  # unasync: async-only
+import logging
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from .._core import queue_model, timing, validate
+from .._core import queue_models as qm
+from .._core.queue_models import DeadLetter, Delivery, QueueStats, WorkResult
+from ..errors import BackendUnavailable, InvalidArgument
+from . import _compat
+from .backends.queue_base import AsyncQueueBackend, AsyncQueueWaiter
+
+log = logging.getLogger("turnstile.queue")
+
+# While q.work waits for a message, it looks at its stop flag this often (a local check; the
+# store is asked again only when it wakes the worker or a heartbeat is due).
+STOP_CHECK = 0.1
+# After a store error, a worker waits this long (doubling up to the max) before trying again.
+ERROR_BACKOFF = 0.2
+ERROR_BACKOFF_MAX = 5.0
+
+
+class AsyncMessage:
+    """One delivery of a message. Settle it with :meth:`ack` (done) or :meth:`nack` (failed:
+    deliver again, after ``delay``); keep it invisible longer with :meth:`extend`.
+
+    ``receipt`` identifies this delivery: another process can settle it with
+    ``queue.ack(message.id, message.receipt)``. Once the visibility timeout has passed the
+    receipt is stale and every settlement with it is refused (returns ``False``): the message
+    is, or will be, delivered again with a new receipt. ``deadline`` is when that happens
+    unless extended (store clock); ``attempt`` is 1 on the first delivery."""
+
+    def __init__(self, queue: AsyncQueue, delivery: Delivery) -> None:
+        self.queue = queue
+        self.id = delivery.id
+        self.key = delivery.key
+        self.payload: Any = qm.decode_payload(delivery.body, delivery.kind)
+        self.attempt = delivery.attempt
+        self.enqueued_at = delivery.enqueued_at
+        self.receipt = delivery.receipt
+        self.deadline = delivery.deadline
+        self.settled = False
+        self.lost = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message id={self.id!r} key={self.key!r} attempt={self.attempt} "
+            f"queue={self.queue.name!r}>"
+        )
+
+    async def ack(self) -> bool:
+        """Done: delete the message; the next message of its key can go. False if the
+        receipt is stale (the message timed out and is or will be delivered again)."""
+        ok = await self.queue.ack(self.id, self.receipt)
+        self.settled = True
+        self.lost = self.lost or not ok
+        return ok
+
+    async def nack(self, delay: float = 0.0, error: str | None = None) -> bool:
+        """Failed: deliver again after ``delay`` seconds, still before later messages of its
+        key; after ``max_attempts`` deliveries it becomes a dead letter (with ``error``)."""
+        ok = await self.queue.nack(self.id, self.receipt, delay, error)
+        self.settled = True
+        self.lost = self.lost or not ok
+        return ok
+
+    async def extend(self, seconds: float) -> bool:
+        """Keep the message invisible for ``seconds`` from now (store clock). False if the
+        receipt is stale."""
+        deadline = await self.queue.extend(self.id, self.receipt, seconds)
+        if deadline is None:
+            self.lost = True
+            return False
+        self.deadline = deadline
+        return True
+
+
+class AsyncQueue:
+    """A durable keyed FIFO queue named ``name``, shared by every process on the same store.
+
+    ``visibility_timeout``: seconds a delivered message stays invisible before it is
+    delivered again unless acked, nacked or extended. ``max_attempts``: deliveries before a
+    message becomes a dead letter. ``concurrency``: at most this many messages of the queue in
+    flight at once, across all consumers (``None``: no cap). ``dedup_window``: how long a
+    ``dedup_id`` is remembered. These apply to what this object does (a put records
+    ``max_attempts``, a get applies all); give every client of one queue the same values."""
+
+    def __init__(
+        self,
+        backend: AsyncQueueBackend,
+        name: str,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        concurrency: int | None = None,
+        *,
+        dedup_window: float = qm.DEFAULT_DEDUP_WINDOW,
+    ) -> None:
+        self._backend = backend
+        self.name = validate.name(name)
+        self.visibility_timeout = qm.visibility_timeout(visibility_timeout)
+        self.max_attempts = qm.max_attempts(max_attempts)
+        self.concurrency = qm.concurrency(concurrency)
+        self.dedup_window = qm.dedup_window(dedup_window)
+        self._stop: _compat.Event | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} name={self.name!r} visibility_timeout="
+            f"{self.visibility_timeout:g} max_attempts={self.max_attempts} "
+            f"concurrency={self.concurrency}>"
+        )
+
+    # -- producing ------------------------------------------------------------------------
+    async def put(
+        self,
+        payload: Any,
+        key: str | None = None,
+        delay: float = 0.0,
+        dedup_id: str | None = None,
+    ) -> str:
+        """Record a message; returns its id.
+
+        ``payload``: JSON-serializable, or ``bytes``; at most 256 KiB encoded. ``key``:
+        messages of one key are delivered one at a time in put order (``None``: no key).
+        ``delay``: seconds before it can be delivered (it also holds back later messages of
+        its key). ``dedup_id``: a second put with the same id within ``dedup_window``
+        seconds stores nothing and returns the first message's id."""
+        body, kind = qm.encode_payload(payload)
+        message = qm.NewMessage(
+            id=secrets.token_hex(12),
+            key=qm.key(key),
+            body=body,
+            kind=kind,
+            delay=qm.delay(delay),
+            dedup_id=qm.dedup_id(dedup_id),
+            max_attempts=self.max_attempts,
+        )
+        result = await self._backend.put(self.name, message, dedup_window=self.dedup_window)
+        return result.id
+
+    # -- consuming --------------------------------------------------------------------------
+    async def get(self, timeout: float | None = None) -> AsyncMessage | None:
+        """The oldest ready message whose key has nothing in flight, while fewer than
+        ``concurrency`` messages are in flight; waits up to ``timeout`` seconds (``None``:
+        without limit, ``0``: not at all) and returns ``None`` if none came. A blocked get is
+        woken by the store when a message becomes deliverable."""
+        return await self._get(validate.timeout(timeout), None)
+
+    async def _claim(self, waiter: str | None) -> qm.ClaimResult:
+        return await self._backend.claim(
+            self.name,
+            receipt=secrets.token_hex(12),
+            visibility_timeout=self.visibility_timeout,
+            concurrency=self.concurrency,
+            max_attempts=self.max_attempts,
+            waiter=waiter,
+        )
+
+    async def _get(self, timeout: float | None, stop: _compat.Event | None) -> AsyncMessage | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if timeout == 0 or (stop is not None and stop.is_set()):
+            result = await self._claim(None)
+            return None if result.delivery is None else AsyncMessage(self, result.delivery)
+        # Arm the wake-up channel first, then claim registering it as a waiter should nothing
+        # be deliverable (a claim that delivers unregisters it): no wake-up can slip by, and
+        # one store round trip per look.
+        waiter = await self._backend.open_waiter(self.name)
+        registered = False
+        try:
+            while True:
+                result = await self._claim(waiter.id)
+                registered = result.delivery is None
+                if result.delivery is not None:
+                    return AsyncMessage(self, result.delivery)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return None
+                delay = queue_model.WAITER_HEARTBEAT
+                if result.retry_after is not None:
+                    delay = min(delay, result.retry_after + timing.EXPIRY_SLACK)
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                if not await self._sleep(waiter, delay, stop):
+                    return None
+        finally:
+            try:
+                await waiter.close(registered)
+            except BackendUnavailable as exc:  # it lapses by itself after WAITER_TTL
+                log.debug("unregistering a waiter of %r failed: %s", self.name, exc)
+
+    @staticmethod
+    async def _sleep(waiter: AsyncQueueWaiter, delay: float, stop: _compat.Event | None) -> bool:
+        """Wait to be woken or for ``delay``; False if ``stop`` was set meanwhile."""
+        if stop is None:
+            await waiter.wait(delay)
+            return True
+        end = time.monotonic() + delay
+        while not stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0 or await waiter.wait(min(left, STOP_CHECK)):
+                return True
+        return False
+
+    # -- settling (from any process) --------------------------------------------------------
+    async def ack(self, id: str, receipt: str) -> bool:
+        """Settle delivery ``receipt`` of message ``id`` as done (delete it). Idempotent;
+        False if the receipt is stale or the message already settled."""
+        return await self._backend.ack(self.name, qm.message_id(id), qm.receipt(receipt))
+
+    async def nack(
+        self, id: str, receipt: str, delay: float = 0.0, error: str | None = None
+    ) -> bool:
+        """Settle delivery ``receipt`` of message ``id`` as failed: deliver it again after
+        ``delay`` (before later messages of its key), or dead-letter it after
+        ``max_attempts``. False if the receipt is stale."""
+        return await self._backend.nack(
+            self.name,
+            qm.message_id(id),
+            qm.receipt(receipt),
+            delay=qm.delay(delay),
+            error=qm.error_text(error),
+        )
+
+    async def extend(self, id: str, receipt: str, seconds: float) -> float | None:
+        """Keep message ``id`` invisible for ``seconds`` from now; returns the new deadline
+        (store clock), or ``None`` if the receipt is stale."""
+        return await self._backend.extend(
+            self.name,
+            qm.message_id(id),
+            qm.receipt(receipt),
+            qm.visibility_timeout(seconds, "seconds"),
+        )
+
+    # -- inspecting -------------------------------------------------------------------------
+    async def stats(self, top_keys: int = 10) -> QueueStats:
+        """Counts of ready, delayed, in-flight and dead messages, the age of the oldest
+        pending one and the ``top_keys`` keys with the most pending messages."""
+        return await self._backend.stats(self.name, top_keys=qm.count(top_keys, "top_keys"))
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters in put order, at most ``limit``."""
+        rows = await self._backend.dead_letters(self.name, limit=qm.count(limit, "limit"))
+        return [
+            DeadLetter(
+                r.id,
+                r.key,
+                qm.decode_payload(r.body, r.kind),
+                r.attempts,
+                r.enqueued_at,
+                r.died_at,
+                r.error,
+            )
+            for r in rows
+        ]
+
+    async def requeue(self, ids: Iterable[str] | None = None) -> int:
+        """Put dead letters (those in ``ids``, or all) back at the end of the queue with
+        their attempts reset. Returns how many."""
+        return await self._backend.requeue(self.name, qm.ids(ids))
+
+    async def purge_dead(self, ids: Iterable[str] | None = None) -> int:
+        """Delete dead letters (those in ``ids``, or all). Returns how many."""
+        return await self._backend.purge_dead(self.name, qm.ids(ids))
+
+    # -- the worker loop --------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask a running :meth:`work` to finish: each worker completes its current message
+        and takes no new one."""
+        if self._stop is not None:
+            self._stop.set()
+
+    async def work(
+        self,
+        handler: Callable[[AsyncMessage], Awaitable[Any]],
+        workers: int = 1,
+        *,
+        idle_timeout: float | None = None,
+        max_messages: int | None = None,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        handle_signals: bool = True,
+    ) -> WorkResult:
+        """Run ``handler(message)`` on messages with ``workers`` concurrent workers.
+
+        On return the message is acked; if the handler raises, it is nacked with a delay of
+        ``backoff * 2 ** (attempt - 1)`` seconds (at most ``max_backoff``) and the error is
+        recorded (a dead letter keeps it). While a handler runs, its message is extended every
+        ``visibility_timeout / 3``. SIGTERM or SIGINT (with ``handle_signals``, in the main
+        thread), or :meth:`stop`, stop gracefully: every worker finishes its current message
+        and takes no new one (a second signal acts as usual). A worker also stops after
+        ``idle_timeout`` seconds without a message, and the whole loop after ``max_messages``
+        messages. Returns the counts."""
+        if not _compat.is_flavour_function(handler):
+            other = "turnstile.connect" if _compat.FLAVOUR == "async" else "turnstile.aio.connect"
+            kind = "coroutine function" if _compat.FLAVOUR == "async" else "plain function"
+            raise InvalidArgument(
+                f"handler must be a {kind} for a {_compat.FLAVOUR} queue "
+                f"(or use a client from {other}())"
+            )
+        workers = validate.limit(workers, "workers")
+        if workers > 1000:
+            raise InvalidArgument(f"workers must be between 1 and 1000, got {workers}")
+        idle = validate.timeout(idle_timeout, "idle_timeout")
+        if max_messages is not None:
+            qm.count(max_messages, "max_messages", 2**62)
+        backoff = validate.seconds(backoff, "backoff", low=0.0, high=qm.MAX_DELAY)
+        max_backoff = validate.seconds(max_backoff, "max_backoff", low=0.0, high=qm.MAX_DELAY)
+
+        stop = _compat.Event()
+        self._stop = stop
+        loop = _WorkLoop(self, handler, stop, idle, max_messages, backoff, max_backoff)
+        restore = self._install_signals(loop) if handle_signals else None
+        extender = _compat.spawn(loop.extend_loop, f"turnstile-extend:{self.name}")
+        handles = [
+            _compat.spawn(loop.worker, f"turnstile-worker-{i}:{self.name}") for i in range(workers)
+        ]
+        try:
+            for handle in handles:
+                await _compat.join(handle)
+        # unasync: async-only
+        except BaseException:
+            stop.set()
+            for handle in handles:
+                handle.cancel()
+            raise
+        # unasync: end
+        finally:
+            stop.set()
+            loop.extender_stop.set()
+            await _compat.join(extender)
+            if restore is not None:
+                restore()
+            self._stop = None
+        if loop.result.stopped_by is None:
+            loop.result.stopped_by = "stop()"
+        return loop.result
+
+    # unasync: async-only
+    def _install_signals(self, loop: _WorkLoop) -> Callable[[], None]:
+        event_loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            log.info("%s: finishing current messages, taking no new ones", sig.name)
+            loop.halt("signal")
+            for each in installed:  # a second signal acts as usual
+                event_loop.remove_signal_handler(each)
+            installed.clear()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                event_loop.add_signal_handler(sig, on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append(sig)
+
+        def restore() -> None:
+            for each in installed:
+                event_loop.remove_signal_handler(each)
+            installed.clear()
+
+        return restore
+
+    # unasync: end
+    # unasync: sync-only
+    # def _install_signals(self, loop: _WorkLoop) -> Callable[[], None]:
+    #     if threading.current_thread() is not threading.main_thread():
+    #         return lambda: None
+    #     previous: dict[int, Any] = {}
+    #
+    #     def restore() -> None:
+    #         for sig, old in previous.items():
+    #             signal.signal(sig, old)
+    #         previous.clear()
+    #
+    #     def on_signal(signum: int, frame: Any) -> None:
+    #         log.info("%s: finishing current messages, taking no new ones",
+    #                  signal.Signals(signum).name)
+    #         loop.halt("signal")
+    #         restore()  # a second signal acts as usual
+    #
+    #     for sig in (signal.SIGTERM, signal.SIGINT):
+    #         previous[sig] = signal.signal(sig, on_signal)
+    #     return restore
+    # unasync: end
+
+
+class _WorkLoop:
+    """The shared state of one :meth:`AsyncQueue.work` run: its workers and the extender."""
+
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        handler: Callable[[AsyncMessage], Awaitable[Any]],
+        stop: _compat.Event,
+        idle_timeout: float | None,
+        max_messages: int | None,
+        backoff: float,
+        max_backoff: float,
+    ) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.stop = stop
+        self.extender_stop = _compat.Event()
+        self.idle_timeout = idle_timeout
+        self.max_messages = max_messages
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.result = WorkResult()
+        self.taken = 0
+        self.lock = threading.Lock()  # counters are shared by worker threads (sync flavour)
+        # message -> local monotonic time its next extension is due
+        self.running: dict[AsyncMessage, float] = {}
+
+    def halt(self, why: str) -> None:
+        if self.result.stopped_by is None:
+            self.result.stopped_by = why
+        self.stop.set()
+
+    def _take_slot(self) -> bool:
+        with self.lock:
+            if self.max_messages is not None and self.taken >= self.max_messages:
+                self.halt("max_messages")
+                return False
+            self.taken += 1
+            return True
+
+    def _give_back_slot(self) -> None:
+        with self.lock:
+            self.taken -= 1
+
+    async def worker(self) -> None:
+        error_delay = ERROR_BACKOFF
+        while not self.stop.is_set():
+            if not self._take_slot():
+                return
+            try:
+                message = await self.queue._get(self.idle_timeout, self.stop)
+            except BackendUnavailable as exc:
+                self._give_back_slot()
+                log.warning("getting from %r failed, retrying: %s", self.queue.name, exc)
+                if await _compat.wait_event(self.stop, error_delay):
+                    return
+                error_delay = min(error_delay * 2, ERROR_BACKOFF_MAX)
+                continue
+            error_delay = ERROR_BACKOFF
+            if message is None:  # stopped, or idle_timeout passed: this worker is done
+                self._give_back_slot()
+                with self.lock:
+                    if not self.stop.is_set() and self.result.stopped_by is None:
+                        self.result.stopped_by = "idle_timeout"
+                return
+            await self.handle(message)
+
+    async def handle(self, message: AsyncMessage) -> None:
+        vt = self.queue.visibility_timeout
+        self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
+        try:
+            try:
+                await self.handler(message)
+            except Exception as exc:
+                text = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "handler failed on message %s of %r (attempt %d): %s",
+                    message.id, self.queue.name, message.attempt, text, exc_info=True,
+                )
+                done = True
+                if not message.settled:
+                    delay = min(self.max_backoff, self.backoff * 2 ** (message.attempt - 1))
+                    done = await self._settle(message, False, delay, text)
+                self._count("failed" if done else "lost")
+            else:
+                done = not message.lost
+                if not message.settled:
+                    done = await self._settle(message, True, 0.0, None)
+                self._count("acked" if done else "lost")
+        finally:
+            self.running.pop(message, None)
+
+    def _count(self, what: str) -> None:
+        with self.lock:
+            setattr(self.result, what, getattr(self.result, what) + 1)
+
+    async def _settle(
+        self, message: AsyncMessage, ok: bool, delay: float, error: str | None
+    ) -> bool:
+        try:
+            done = await message.ack() if ok else await message.nack(delay, error)
+        except BackendUnavailable as exc:
+            log.warning(
+                "settling message %s of %r failed; it will be delivered again after its "
+                "visibility timeout: %s", message.id, self.queue.name, exc,
+            )
+            return False
+        if not done:
+            log.warning(
+                "message %s of %r: the store refused the %s (its visibility timeout passed); "
+                "it is or will be delivered again", message.id, self.queue.name,
+                "ack" if ok else "nack",
+            )
+        return done
+
+    async def extend_loop(self) -> None:
+        vt = self.queue.visibility_timeout
+        tick = max(0.02, min(vt * timing.RENEW_FRACTION / 2, 1.0))
+        while not await _compat.wait_event(self.extender_stop, tick):
+            now = time.monotonic()
+            for message, due in list(self.running.items()):
+                if due > now or message.settled or message.lost:
+                    continue
+                try:
+                    extended = await message.extend(vt)
+                except BackendUnavailable as exc:
+                    log.warning("extending message %s failed, will retry: %s", message.id, exc)
+                    continue
+                except Exception:  # never let the extender die silently
+                    log.exception("unexpected error extending message %s", message.id)
+                    continue
+                if extended:
+                    if message in self.running:
+                        self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
+                elif not message.settled:
+                    log.warning(
+                        "message %s of %r: visibility timeout passed before it could be "
+                        "extended; it will be delivered again", message.id, self.queue.name,
+                    )

@@ -1,0 +1,129 @@
+"""The ``turnstile`` command line (also ``python -m turnstile``).
+
+Each command lives in its own module under ``turnstile.cli`` and exposes
+``register(subparsers)``, which adds its parser (via :func:`._common.command_parser`, so it
+takes ``--url``) and sets ``handler=`` to a function ``(args) -> exit code``. To add a
+command, write such a module and list it in :data:`COMMANDS`. ``register`` must stay cheap:
+import optional dependencies inside the handler.
+
+Errors end as one line on stderr and an exit code from :mod:`._common` (documented in
+docs/cli.md): never a traceback, never a password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+
+from .. import __version__
+from ..errors import (
+    AcquireTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    InvalidArgument,
+    LeaseLost,
+    TurnstileError,
+)
+from . import _common
+from ._common import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_LEASE_LOST,
+    EXIT_SIGNAL_BASE,
+    EXIT_SOFTWARE,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Terminated,
+)
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+# Modules under turnstile.cli, in the order `turnstile --help` lists them.
+COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue")
+
+DESCRIPTION = """\
+Fair leased locks and semaphores shared by every process that uses the same store URL.
+
+  turnstile run --lock NAME -- CMD…             run CMD holding a lock (like flock)
+  turnstile run --semaphore NAME --limit N -- CMD…
+  turnstile status [NAME] [--json]             holders and waiters
+  turnstile demo                               the per-order webhook problem, live
+  turnstile queue put|get|stats|dead|requeue … keyed FIFO queues (turnstile queue --help)
+"""
+
+EPILOG = """\
+exit codes: 0 ok; 2 bad arguments; 69 store unavailable; 75 timed out waiting;
+78 configuration (URL scheme, missing driver); 79 lease lost while CMD ran;
+run passes CMD's own exit code through. See docs/cli.md.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _common.ArgumentParser(
+        prog="turnstile",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"turnstile {__version__}")
+    _common.add_url_option(parser)
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for module_name in COMMANDS:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    _common.quiet_library_logs()
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on bad arguments, 0 after --help/--version
+    handler: _common.Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        _common.error(f"choose a command: {', '.join(COMMANDS)} (see: turnstile --help)")
+        return EXIT_USAGE
+    secrets = _common.secrets_of(_common.given_url(args)) + _common.env_url_secrets()
+    try:
+        return handler(args)
+    except InvalidArgument as exc:
+        _common.error(str(exc), secrets)
+        return EXIT_USAGE
+    except ConfigurationError as exc:
+        _common.error(str(exc), secrets)
+        return EXIT_CONFIG
+    except BackendUnavailable as exc:
+        _common.error(f"store unavailable: {exc}", secrets)
+        return EXIT_UNAVAILABLE
+    except AcquireTimeout as exc:
+        _common.error(str(exc), secrets)
+        return EXIT_TIMEOUT
+    except LeaseLost as exc:
+        _common.error(str(exc), secrets)
+        return EXIT_LEASE_LOST
+    except TurnstileError as exc:
+        _common.error(str(exc), secrets)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        _common.note("interrupted")
+        return EXIT_SIGNAL_BASE + signal.SIGINT
+    except Terminated as exc:
+        _common.note(f"stopped by {signal.Signals(exc.signum).name}")
+        return EXIT_SIGNAL_BASE + exc.signum
+    except BrokenPipeError:
+        # The reader went away (`turnstile status | head`): stop quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILURE
+    except Exception as exc:  # never a traceback: one line, and a code that says "bug"
+        if os.environ.get("TURNSTILE_DEBUG"):
+            traceback.print_exc()
+        _common.error(f"internal error ({type(exc).__name__}: {exc}); please report it", secrets)
+        return EXIT_SOFTWARE

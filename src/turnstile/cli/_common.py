@@ -1,0 +1,309 @@
+"""What every ``turnstile`` command shares: exit codes, the ``--url`` option, argument types
+that validate with :mod:`turnstile._core.validate`, connecting, and safe printing."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any, NoReturn
+from urllib.parse import quote, unquote, urlsplit
+
+from .._core import urls, validate
+from .._sync.client import Client
+from ..errors import InvalidArgument
+
+# Exit codes (docs/cli.md lists them; keep both in step).
+EXIT_OK = 0
+EXIT_FAILURE = 1  # a Turnstile error without a more specific code; the demo found a problem
+EXIT_USAGE = 2  # bad arguments (argparse uses 2 as well)
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the store cannot be reached
+EXIT_SOFTWARE = 70  # EX_SOFTWARE: an unexpected internal error (a bug: please report it)
+EXIT_TIMEOUT = 75  # EX_TEMPFAIL: not granted within --timeout (like `flock -w`)
+EXIT_CONFIG = 78  # EX_CONFIG: bad URL scheme, missing optional driver
+EXIT_LEASE_LOST = 79  # run: the lease was lost while CMD ran
+EXIT_CANNOT_EXECUTE = 126  # run: CMD exists but cannot be executed
+EXIT_NOT_FOUND = 127  # run: CMD not found
+EXIT_SIGNAL_BASE = 128  # killed by signal N: 128 + N (like a shell)
+
+URL_HELP = (
+    "store URL: memory://, sqlite:///path, redis://…, postgresql://… "
+    f"(default: ${urls.ENV_VAR}, else {urls.DEFAULT_URL})"
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+STOPPING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+class Terminated(BaseException):
+    """Raised by our signal handlers while nothing can be forwarded (e.g. while waiting in
+    line), so that ``finally`` blocks run and the caller leaves the line."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (and exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def command_parser(
+    subparsers: Any,  # argparse._SubParsersAction, which typeshed keeps private
+    name: str,
+    *,
+    help: str,
+    description: str,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand parser with the options every command shares (``--url``)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_url_option(parser)
+    return parser
+
+
+def add_url_option(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand's parser must not overwrite `turnstile --url X <command>`.
+    parser.add_argument("--url", metavar="URL", default=argparse.SUPPRESS, help=URL_HELP)
+
+
+def given_url(args: argparse.Namespace) -> str | None:
+    url: str | None = getattr(args, "url", None)
+    return url
+
+
+def resolved_url(args: argparse.Namespace) -> str:
+    return urls.resolve_url(given_url(args))
+
+
+def connect(args: argparse.Namespace) -> Client:
+    # The public connect() does the $TURNSTILE_URL / default fallback.
+    from .. import connect as _connect
+
+    return _connect(given_url(args))
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise :class:`Terminated` (SIGINT already raises KeyboardInterrupt),
+    so that ``finally`` blocks run: a blocking acquire leaves the line, the demo stops its
+    workers. Signals the caller chose to ignore stay ignored."""
+    previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(signum)
+
+    for signum in STOPPING:
+        current = signal.getsignal(signum)
+        if current == signal.SIG_IGN:
+            continue
+        previous[signum] = current
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+# -- argument types: parse, validate with the core's rules, name the argument -------------
+
+
+def _type_error(option: str, exc: InvalidArgument) -> argparse.ArgumentTypeError:
+    message = str(exc)
+    if message.startswith(option + " "):
+        message = message[len(option) + 1 :]
+    return argparse.ArgumentTypeError(message)
+
+
+def _parse_float(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def ttl_type(option: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = _parse_float(text, "a number of seconds")
+        try:
+            return validate.ttl(value, option)
+        except InvalidArgument as exc:
+            raise _type_error(option, exc) from None
+
+    return parse
+
+
+def timeout_type(option: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = _parse_float(text, "a number of seconds")
+        if math.isinf(value) and value > 0:
+            raise argparse.ArgumentTypeError(
+                f"must be finite; leave {option} out to wait without a time limit"
+            )
+        if math.isnan(value) or not 0 <= value <= validate.MAX_TIMEOUT:
+            raise argparse.ArgumentTypeError(
+                f"must be between 0 and {validate.MAX_TIMEOUT:.0f} seconds (30 days), got "
+                f"{text!r}; leave {option} out to wait without a time limit"
+            )
+        return value
+
+    return parse
+
+
+def int_type(option: str, low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _parse_int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
+def limit_type(option: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _parse_int(text)
+        try:
+            return validate.limit(value, option)
+        except InvalidArgument as exc:
+            raise _type_error(option, exc) from None
+
+    return parse
+
+
+def name_type(option: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return validate.name(text, option)
+        except InvalidArgument as exc:
+            raise _type_error(option, exc) from None
+
+    return parse
+
+
+def holder_type(option: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return validate.holder(text, option)
+        except InvalidArgument as exc:
+            raise _type_error(option, exc) from None
+
+    return parse
+
+
+def milliseconds_type(option: str, high: float) -> Callable[[str], float]:
+    """Milliseconds in [0, high], returned in seconds."""
+
+    def parse(text: str) -> float:
+        value = _parse_float(text, "a number of milliseconds")
+        if math.isnan(value) or not 0 <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be between 0 and {high:g} milliseconds, got {text!r}"
+            )
+        return value / 1000.0
+
+    return parse
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped, so a name or holder id can never move the
+    cursor or recolour a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
+def duration(seconds: float) -> str:
+    """Short human duration: 0.042s, 3.21s, 12.3s, 5m03s, 2h05m, 3d04h."""
+    sign = "-" if seconds < 0 else ""
+    s = abs(seconds)
+    if s < 10:
+        text = f"{s:.3f}s" if s < 1 else f"{s:.2f}s"
+    elif s < 60:
+        text = f"{s:.1f}s"
+    elif s < 3600:
+        text = f"{int(s // 60)}m{int(s % 60):02d}s"
+    elif s < 86400:
+        text = f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    else:
+        text = f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+    return sign + text
+
+
+def secrets_of(url: str | None) -> list[str]:
+    """The password in ``url``, as written and decoded, to scrub from any message."""
+    if not url:
+        return []
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return []
+    if not password:
+        return []
+    return sorted({password, unquote(password), quote(unquote(password), safe="")}, key=len)[::-1]
+
+
+def scrub(message: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "***")
+    return message
+
+
+def error(message: str, secrets: list[str] | None = None) -> None:
+    """One line on stderr: ``turnstile: error: …`` (never a traceback, never a password)."""
+    line = scrub(message, secrets or []).replace("\n", " ").strip()
+    print(f"turnstile: error: {line}", file=sys.stderr, flush=True)
+
+
+def note(message: str) -> None:
+    print(f"turnstile: {message}", file=sys.stderr, flush=True)
+
+
+def quiet_library_logs() -> None:
+    """The library logs warnings (a lost lease, a failed renewal) through ``logging``; the
+    command line reports those itself, in its own words, so keep Python's last-resort
+    handler from printing them a second time."""
+    logging.getLogger("turnstile").addHandler(logging.NullHandler())
+
+
+def log_to_stderr(level: int = logging.WARNING) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("turnstile: %(message)s"))
+    logger = logging.getLogger("turnstile")
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
+def env_url_secrets() -> list[str]:
+    return secrets_of(os.environ.get(urls.ENV_VAR))

@@ -1,0 +1,251 @@
+"""``turnstile queue put|get|ack|nack|stats|dead|requeue|purge``: the keyed FIFO queue from
+the shell (see docs/queue.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .._core import queue_models as qm
+from .._core.queue_models import QueueStats
+from ..errors import InvalidArgument
+from . import _common
+
+EPILOG = """\
+examples:
+  turnstile queue put webhooks '{"order": 42, "event": "paid"}' --key order-42
+  echo '{"n": 1}' | turnstile queue put jobs - --dedup-id evt-1
+  turnstile queue get webhooks --timeout 30            # prints id, receipt, payload as JSON
+  turnstile queue ack webhooks ID RECEIPT              # done (from any process)
+  turnstile queue get webhooks --ack                    # take and settle at once
+  turnstile queue stats webhooks [--json]
+  turnstile queue dead webhooks [--json]
+  turnstile queue requeue webhooks --all               # or: ... requeue webhooks ID ID
+  turnstile queue purge webhooks --all                 # delete dead letters
+
+PAYLOAD is JSON ('-' reads it from stdin); with --raw it is sent as bytes, unparsed.
+get exits 75 when nothing came within --timeout; ack/nack exit 1 when the receipt is stale
+(the visibility timeout passed: the message is or will be delivered again).
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = _common.command_parser(
+        subparsers,
+        "queue",
+        help="put, get and inspect keyed FIFO queues",
+        description=(
+            "A durable queue: messages of one key are delivered one at a time in put order,\n"
+            "different keys in parallel, optionally at most --concurrency in flight in all."
+        ),
+        epilog=EPILOG,
+    )
+    sub = parser.add_subparsers(title="queue commands", metavar="ACTION")
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        p = _common.command_parser(sub, name, help=help, description=help)
+        p.add_argument("queue", metavar="QUEUE", type=_common.name_type("QUEUE"), help="queue name")
+        return p
+
+    p = action("put", "record a message; prints its id")
+    p.add_argument("payload", metavar="PAYLOAD", help="JSON, or - to read it from stdin")
+    p.add_argument("--raw", action="store_true", help="send PAYLOAD as bytes, not JSON")
+    p.add_argument("--key", metavar="KEY", help="one at a time per key, in put order")
+    p.add_argument("--delay", metavar="S", type=_seconds("--delay", qm.delay), default=0.0,
+                   help="seconds before it can be delivered (default 0)")
+    p.add_argument("--dedup-id", metavar="ID", help="store once per ID within --dedup-window")
+    p.add_argument("--dedup-window", metavar="S", type=_seconds("--dedup-window", qm.dedup_window),
+                   default=qm.DEFAULT_DEDUP_WINDOW, help="seconds (default 300)")
+    p.add_argument("--max-attempts", metavar="N", type=_common.int_type("--max-attempts", 1,
+                   qm.MAX_ATTEMPTS), default=5, help="deliveries before dead letter (default 5)")
+    p.set_defaults(handler=put_command)
+
+    p = action("get", "take the next deliverable message; prints it as JSON")
+    p.add_argument("--timeout", metavar="S", type=_common.timeout_type("--timeout"), default=0.0,
+                   help="wait up to S seconds for one (default 0: do not wait)")
+    p.add_argument("--visibility-timeout", metavar="S", type=_seconds(
+        "--visibility-timeout", qm.visibility_timeout), default=30.0,
+        help="seconds it stays invisible unless acked (default 30)")
+    p.add_argument("--concurrency", metavar="N", type=_common.limit_type("--concurrency"),
+                   help="take it only while fewer than N messages of the queue are in flight")
+    p.add_argument("--max-attempts", metavar="N", type=_common.int_type("--max-attempts", 1,
+                   qm.MAX_ATTEMPTS), default=5, help="deliveries before dead letter (default 5)")
+    p.add_argument("--ack", action="store_true", help="ack it at once (consume it)")
+    p.set_defaults(handler=get_command)
+
+    for name, help in (("ack", "settle a delivery as done"),
+                       ("nack", "settle a delivery as failed: deliver again (after --delay)")):
+        p = action(name, help)
+        p.add_argument("id", metavar="ID")
+        p.add_argument("receipt", metavar="RECEIPT")
+        if name == "nack":
+            p.add_argument("--delay", metavar="S", type=_seconds("--delay", qm.delay),
+                           default=0.0, help="seconds before it is delivered again")
+            p.add_argument("--error", metavar="TEXT", help="why (kept with a dead letter)")
+        p.set_defaults(handler=settle_command, settle=name)
+
+    p = action("stats", "ready, delayed, in flight, dead, oldest age, deepest keys")
+    p.add_argument("--top", metavar="N", type=_common.int_type("--top", 1, 1000), default=10,
+                   help="how many of the deepest keys (default 10)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=stats_command)
+
+    p = action("dead", "list dead letters")
+    p.add_argument("--limit", metavar="N", type=_common.int_type("--limit", 1, qm.MAX_LIST),
+                   default=100, help="at most N (default 100)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=dead_command)
+
+    for name, help in (("requeue", "put dead letters back at the end of the queue"),
+                       ("purge", "delete dead letters")):
+        p = action(name, help)
+        p.add_argument("ids", metavar="ID", nargs="*", help="dead letters by id")
+        p.add_argument("--all", action="store_true", help="every dead letter of QUEUE")
+        p.set_defaults(handler=dead_edit_command, edit=name, edit_parser=p)
+    parser.set_defaults(handler=lambda args: _usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    _common.error("choose an action: put, get, ack, nack, stats, dead, requeue, purge "
+                  "(see: turnstile queue --help)")
+    return _common.EXIT_USAGE
+
+
+def _seconds(option: str, check: Any) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+        try:
+            return float(check(value, option.lstrip("-").replace("-", "_")))
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _print_json(value: object) -> None:
+    json.dump(value, sys.stdout, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+def _payload(args: argparse.Namespace) -> Any:
+    if args.payload == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        data = args.payload.encode("utf-8", "surrogateescape")
+    if args.raw:
+        return data
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(
+            f"PAYLOAD must be JSON ({exc}); quote strings ('\"text\"') or pass --raw for bytes"
+        ) from None
+
+
+def put_command(args: argparse.Namespace) -> int:
+    payload = _payload(args)
+    with _common.connect(args) as client:
+        q = client.queue(args.queue, max_attempts=args.max_attempts,
+                         dedup_window=args.dedup_window)
+        print(q.put(payload, key=args.key, delay=args.delay, dedup_id=args.dedup_id))
+    return _common.EXIT_OK
+
+
+def _message_dict(m: Any) -> dict[str, object]:
+    payload = m.payload
+    if isinstance(payload, bytes):
+        payload = {"bytes": payload.hex()}
+    return {"id": m.id, "key": m.key, "payload": payload, "attempt": m.attempt,
+            "enqueued_at": m.enqueued_at, "receipt": m.receipt, "deadline": m.deadline}
+
+
+def get_command(args: argparse.Namespace) -> int:
+    with _common.connect(args) as client:
+        q = client.queue(args.queue, visibility_timeout=args.visibility_timeout,
+                         max_attempts=args.max_attempts, concurrency=args.concurrency)
+        m = q.get(timeout=args.timeout)
+        if m is None:
+            _common.note(f"no message in {_common.printable(args.queue)!r} within "
+                         f"{args.timeout:g} s")
+            return _common.EXIT_TIMEOUT
+        record = _message_dict(m)
+        if args.ack:
+            record["acked"] = m.ack()
+        _print_json(record)
+    return _common.EXIT_OK
+
+
+def settle_command(args: argparse.Namespace) -> int:
+    with _common.connect(args) as client:
+        q = client.queue(args.queue)
+        if args.settle == "ack":
+            ok = q.ack(args.id, args.receipt)
+        else:
+            ok = q.nack(args.id, args.receipt, delay=args.delay, error=args.error)
+    if not ok:
+        _common.error(f"{args.settle} refused: receipt is stale (the visibility timeout passed, "
+                      "or it was already settled); the message is or will be delivered again")
+        return _common.EXIT_FAILURE
+    return _common.EXIT_OK
+
+
+def render_stats(s: QueueStats) -> list[str]:
+    age = "-" if s.oldest_age is None else _common.duration(s.oldest_age)
+    lines = [
+        f"queue {_common.printable(s.name)}",
+        f"  ready      {s.ready}",
+        f"  delayed    {s.delayed}",
+        f"  in flight  {s.in_flight}",
+        f"  dead       {s.dead}",
+        f"  oldest     {age}",
+    ]
+    if s.deepest_keys:
+        lines.append("  deepest keys (pending messages)")
+        width = max(len(_common.printable(k.key)) for k in s.deepest_keys)
+        lines += [f"    {_common.printable(k.key):<{width}}  {k.pending}" for k in s.deepest_keys]
+    return lines
+
+
+def stats_command(args: argparse.Namespace) -> int:
+    with _common.connect(args) as client:
+        s = client.queue(args.queue).stats(top_keys=args.top)
+    if args.json:
+        _print_json(s.to_dict())
+    else:
+        print("\n".join(render_stats(s)))
+    return _common.EXIT_OK
+
+
+def dead_command(args: argparse.Namespace) -> int:
+    with _common.connect(args) as client:
+        dead = client.queue(args.queue).dead_letters(limit=args.limit)
+    if args.json:
+        _print_json([d.to_dict() for d in dead])
+        return _common.EXIT_OK
+    if not dead:
+        print(f"no dead letters in {_common.printable(args.queue)!r}")
+        return _common.EXIT_OK
+    for d in dead:
+        payload = json.dumps(d.to_dict()["payload"], ensure_ascii=False)
+        if len(payload) > 60:
+            payload = payload[:57] + "..."
+        key = "-" if d.key is None else _common.printable(d.key)
+        print(f"{d.id}  key={key}  attempts={d.attempts}  error={_common.printable(d.error or '-')}"
+              f"  payload={_common.printable(payload)}")
+    return _common.EXIT_OK
+
+
+def dead_edit_command(args: argparse.Namespace) -> int:
+    if bool(args.ids) == bool(args.all):
+        args.edit_parser.error("give dead letter IDs or --all (not both)")
+    with _common.connect(args) as client:
+        q = client.queue(args.queue)
+        ids = None if args.all else args.ids
+        count = q.requeue(ids) if args.edit == "requeue" else q.purge_dead(ids)
+    print(f"{'requeued' if args.edit == 'requeue' else 'purged'} {count} dead letter(s)")
+    return _common.EXIT_OK

@@ -1,0 +1,136 @@
+"""``turnstile status``: who holds a name and who waits, in order, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .._core.models import Status
+from .._core.urls import redact
+from . import _common
+
+EPILOG = """\
+examples:
+  turnstile status                     # every name with holders or waiters right now
+  turnstile status deploy              # one name
+  turnstile status --prefix order:     # names starting with order:
+  turnstile status deploy --json | jq '.holders[0].token'
+
+Times come from the store's clock: age = since the grant, expires in = until the lease
+lapses unless renewed, waiting = since the waiter first asked.
+--json prints one object for NAME, else {"url": …, "names": [object, …], "truncated": bool};
+each object is {name, limit, now, holders: [{holder, token, acquired_at, expires_at, age,
+expires_in}], waiters: [{holder, position, joined_at, expires_at, waiting}]}.
+"""
+
+MAX_NAMES = 1000
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = _common.command_parser(
+        subparsers,
+        "status",
+        help="show holders and waiters",
+        description=(
+            "Show the holders (holder, fencing token, age, expires in) and the waiters, in\n"
+            "the order they will be served, of NAME, or of every name that has holders or\n"
+            "waiters right now."
+        ),
+        epilog=EPILOG,
+    )
+    parser.add_argument(
+        "name", metavar="NAME", nargs="?", type=_common.name_type("NAME"), help="lock or semaphore"
+    )
+    parser.add_argument(
+        "--prefix", metavar="P", default="", help="without NAME: only names starting with P"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=status_command, status_parser=parser)
+
+
+def status_command(args: argparse.Namespace) -> int:
+    if args.name is not None and args.prefix:
+        args.status_parser.error("--prefix applies only without NAME")
+    with _common.connect(args) as client:
+        if args.name is not None:
+            status = client.status(args.name)
+            if args.json:
+                _print_json(status.to_dict())
+            else:
+                print("\n".join(render(status)))
+            return _common.EXIT_OK
+        names = client.names(args.prefix, MAX_NAMES + 1)
+        truncated = len(names) > MAX_NAMES
+        statuses = [client.status(name) for name in names[:MAX_NAMES]]
+    # A name can become free between names() and status(): show only live ones.
+    statuses = [s for s in statuses if s.holders or s.waiters]
+    if args.json:
+        _print_json(
+            {
+                "url": redact(_common.resolved_url(args)),
+                "names": [s.to_dict() for s in statuses],
+                "truncated": truncated,
+            }
+        )
+        return _common.EXIT_OK
+    if not statuses:
+        where = f" starting with {_common.printable(args.prefix)!r}" if args.prefix else ""
+        print(f"no names{where} have holders or waiters")
+        return _common.EXIT_OK
+    blocks = ["\n".join(render(s)) for s in statuses]
+    print("\n\n".join(blocks))
+    if truncated:
+        print(f"\n(only the first {MAX_NAMES} names are shown; narrow them with --prefix)")
+    return _common.EXIT_OK
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, ensure_ascii=False, indent=2)
+    sys.stdout.write("\n")
+
+
+def render(status: Status) -> list[str]:
+    """The status of one name as lines of text."""
+    name = _common.printable(status.name)
+    if not status.holders and not status.waiters:
+        return [f"{name}: free (no holders, no waiters)"]
+    limit = "?" if status.limit is None else str(status.limit)
+    waiting = f", {len(status.waiters)} waiting" if status.waiters else ""
+    lines = [f"{name}: {len(status.holders)}/{limit} held{waiting}"]
+    rows: list[tuple[str, ...]] = [("HOLDER", "TOKEN", "AGE", "EXPIRES IN")]
+    for h in status.holders:
+        rows.append(
+            (
+                _common.printable(h.holder),
+                str(h.token),
+                _common.duration(status.now - h.acquired_at),
+                _common.duration(h.expires_at - status.now),
+            )
+        )
+    lines += _table(rows, right={1, 2, 3})
+    if status.waiters:
+        rows = [("POSITION", "WAITER", "WAITING")]  # position 0 is served next
+        for w in status.waiters:
+            rows.append(
+                (
+                    str(w.position),
+                    _common.printable(w.holder),
+                    _common.duration(status.now - w.joined_at),
+                )
+            )
+        lines += _table(rows, right={0, 2})
+    return lines
+
+
+def _table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        out.append(("  " + "  ".join(cells)).rstrip())
+    return out
