@@ -285,6 +285,12 @@ def run_workers(
                 barrier.wait()
             except threading.BrokenBarrierError:
                 started = False
+                with contextlib.suppress(queue.Empty):
+                    kind, _pid, payload = out.get(timeout=2.0)
+                    if kind == "error":
+                        errors.append(payload)
+                if not errors:
+                    errors.append("the start line broke (a worker failed getting ready)")
         deadline = time.monotonic() + timeout
         while started and len(results) + len(errors) < len(jobs):
             try:
