@@ -90,3 +90,17 @@ async def recv_datagram(sock: socket.socket, timeout: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+
+def cancel_count() -> int:
+    """How many cancellations the current task has pending (0 outside a task)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def raise_if_cancelled_since(count: int) -> None:
+    """Some drivers (redis-py) finish a command whose task was cancelled meanwhile and
+    return its result: re-raise the cancellation they swallowed."""
+    if cancel_count() > count:
+        raise asyncio.CancelledError()

@@ -77,7 +77,7 @@ class AsyncLease:
         return max(0.0, self._deadline - time.monotonic())
 
     def _mark_lost(self, why: str) -> None:
-        if self._lost:
+        if self._lost or self._released:
             return
         self._lost = True
         log_renew.warning("lease on %r (token %d) lost: %s", self.name, self.token, why)
@@ -110,15 +110,19 @@ class AsyncLease:
         """Give the lease back and hand it to the next waiter. Idempotent; a stale lease can
         never release a newer grant. Returns whether this call released it."""
         self._stop.set()
-        if self._renewer is not None:
-            await _compat.join(self._renewer)
-            self._renewer = None
-        if self._released:
-            return False
-        self._released = True
-        released = await self._backend.release(self.name, self.holder, self.token)
-        log_release.debug("released %r token %d: %s", self.name, self.token, released)
-        return released
+        renewer, self._renewer = self._renewer, None
+        try:
+            if self._released:
+                return False
+            # Released before the renewer has stopped, so the next holder does not wait for
+            # it to wake up: a renewal still in flight is refused by the store or ignored.
+            self._released = True
+            released = await self._backend.release(self.name, self.holder, self.token)
+            log_release.debug("released %r token %d: %s", self.name, self.token, released)
+            return released
+        finally:
+            if renewer is not None:
+                await _compat.join(renewer)
 
     async def _renew_loop(self) -> None:
         while True:
@@ -288,8 +292,11 @@ class AsyncSemaphore:
             if timeout != 0:
                 if waiter is None:
                     # Arm the wake-up channel, then look again: no hand-over can slip between.
+                    # A channel that keeps wake-ups sent before it was opened (a Redis list)
+                    # needs no second look: the first step's answer stands until it wakes.
                     waiter = await self._backend.open_waiter(self.name, holder)
-                    result, sent = await self._step(holder, wait_ttl, True)
+                    if not getattr(waiter, "keeps_early_wakeups", False):
+                        result, sent = await self._step(holder, wait_ttl, True)
                 while True:
                     if result.grant is not None:
                         log_acquire.debug("acquired %r token %d", self.name, result.grant.token)

@@ -60,3 +60,13 @@ def recv_datagram(sock: socket.socket, timeout: float) -> bool:
     except (TimeoutError, BlockingIOError):
         return False
     return True
+
+
+
+def cancel_count() -> int:
+    """Threads are not cancelled: always 0 (twin of the async flavour's check)."""
+    return 0
+
+
+def raise_if_cancelled_since(count: int) -> None:
+    return None

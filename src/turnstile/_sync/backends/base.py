@@ -18,6 +18,9 @@ class Waiter(Protocol):
     """A wake-up channel for one waiting ``(name, holder)``, armed *before* the acquire step
     that may leave it waiting, so no hand-over signal can be missed."""
 
+    # Optional attribute ``keeps_early_wakeups = True``: a wake-up sent after the acquire step
+    # that preceded ``open_waiter`` is kept until waited for, so that step needs no repeating.
+
     def wait(self, timeout: float) -> bool:
         """Block until woken or ``timeout`` seconds pass. True if woken."""
         ...

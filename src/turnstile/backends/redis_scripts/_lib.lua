@@ -1,0 +1,247 @@
+-- Turnstile on Redis: helpers shared by every operation script.
+--
+-- This file is prepended to each operation script when it is loaded (one EVALSHA per
+-- operation; Redis has no includes). It implements the steps of turnstile/_core/model.py.
+--
+-- Keys of one name, all under one hash tag {T} (T = a hash of the name, never the name
+-- itself) so they share a Cluster slot; every script gets them in this order:
+--   KEYS[1] D   hash  "=name" the name, "=limit", "=last" last fencing token,
+--                     "=seq" waiter sequence, "=exp" time up to which the keys' own
+--                     expiry covers every entry (us),
+--                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)",
+--                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us"
+--   KEYS[2] HX  zset  holder scored by its lease's expires_us
+--   KEYS[3] WX  zset  waiter scored by its waiting entry's expires_us
+--   KEYS[4] WQ  zset  waiter scored by seq: the line, in the order waiters first asked
+-- ARGV[1] is the common key base "<prefix>{T}:"; the wake-up list of holder X is
+-- BASE .. "s:" .. X. It is not in KEYS (which waiter to wake is only known inside the
+-- script) but carries the same hash tag, so it lives in the same slot.
+--
+-- Times are integer microseconds on the server clock (TIME). Redis 5+ replicates a script's
+-- effects, not the script, so reading TIME before writing is safe on replicas and in AOF.
+-- Every key expires by itself KEEP_US after the latest entry in it (the token counter must
+-- outlive the name's leases); the Redis commands an operation sends do not depend on the
+-- number of waiters.
+
+local D, HX, WX, WQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local BASE = ARGV[1]
+local KEEP_US = 3600 * 1000000
+local CHUNK = 1000 -- stay well below Lua's unpack() limit
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local t = redis.call('TIME')
+local NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- State read at the start of an operation (one HMGET), written back by finish().
+local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false}
+local pending = {}    -- D fields to write in finish(): field -> value
+local extend = {}     -- keys whose expiry must cover the newest entry
+local newest = 0      -- latest expiry written by this operation
+-- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
+local NO_HOLDERS, NO_WAITERS = false, false
+
+local function load(holder)
+  local r = redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp',
+                       'h:' .. holder, 'w:' .. holder)
+  S.name, S.limit = r[1], r[2] and tonumber(r[2])
+  S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
+  S.mine, S.waiting = r[6], r[7]
+end
+
+local function parse_holder(s)
+  local token, acquired, expires, claimed = string.match(s, '^(%d+) (%d+) (%d+) ([01])$')
+  return {token = token, acquired = tonumber(acquired), expires = tonumber(expires),
+          claimed = claimed == '1'}
+end
+
+local function pack_holder(h)
+  return h.token .. ' ' .. fmt(h.acquired) .. ' ' .. fmt(h.expires) .. ' ' ..
+         (h.claimed and '1' or '0')
+end
+
+local function parse_waiter(s)
+  local ttl, wait_ttl, joined, expires = string.match(s, '^(%d+) (%d+) (%d+) (%d+)$')
+  return {ttl = tonumber(ttl), wait_ttl = tonumber(wait_ttl), joined = tonumber(joined),
+          expires = tonumber(expires)}
+end
+
+local function pack_waiter(w)
+  return fmt(w.ttl) .. ' ' .. fmt(w.wait_ttl) .. ' ' .. fmt(w.joined) .. ' ' .. fmt(w.expires)
+end
+
+local function wrote(expires, ...)
+  newest = math.max(newest, expires)
+  for _, k in ipairs({...}) do extend[k] = true end
+end
+
+local function unpack_chunks(list, fn)
+  for i = 1, #list, CHUNK do
+    fn({unpack(list, i, math.min(i + CHUNK - 1, #list))})
+  end
+end
+
+local function prefixed(p, members)
+  local out = {}
+  for i, m in ipairs(members) do
+    out[i] = p .. m
+    pending[p .. m] = nil
+  end
+  return out
+end
+
+-- Store holders {holder, record} as D fields and in the expiry index (one call each).
+local function put_holders(list)
+  local z = {}
+  for _, item in ipairs(list) do
+    pending['h:' .. item[1]] = pack_holder(item[2])
+    table.insert(z, fmt(item[2].expires))
+    table.insert(z, item[1])
+    wrote(item[2].expires, HX)
+  end
+  if #z > 0 then
+    redis.call('ZADD', HX, unpack(z))
+    NO_HOLDERS = false
+  end
+end
+
+local function put_waiter(holder, w)
+  pending['w:' .. holder] = pack_waiter(w)
+  redis.call('ZADD', WX, fmt(w.expires), holder)
+  NO_WAITERS = false
+  wrote(w.expires, WX, WQ)
+end
+
+local function drop_holder(holder)
+  redis.call('HDEL', D, unpack(prefixed('h:', {holder})))
+  redis.call('ZREM', HX, holder)
+end
+
+local function drop_waiter(holder)
+  redis.call('HDEL', D, unpack(prefixed('w:', {holder})))
+  redis.call('ZREM', WQ, holder)
+  redis.call('ZREM', WX, holder)
+end
+
+-- The earliest score of a zset, or nil when it is empty (or missing).
+local function first_score(z)
+  local r = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  if #r == 0 then return nil end
+  return tonumber(r[2])
+end
+
+-- model.purge: drop expired leases and waiting entries (expires <= now).
+local function purge(holder)
+  local first = first_score(HX)
+  NO_HOLDERS = first == nil
+  if first ~= nil and first <= NOW then
+    local gone = redis.call('ZRANGEBYSCORE', HX, '-inf', fmt(NOW))
+    unpack_chunks(gone, function(c) redis.call('HDEL', D, unpack(prefixed('h:', c))) end)
+    redis.call('ZREMRANGEBYSCORE', HX, '-inf', fmt(NOW))
+    for _, g in ipairs(gone) do if g == holder then S.mine = false end end
+  end
+  first = first_score(WX)
+  NO_WAITERS = first == nil
+  if first ~= nil and first <= NOW then
+    local gone = redis.call('ZRANGEBYSCORE', WX, '-inf', fmt(NOW))
+    unpack_chunks(gone, function(c)
+      redis.call('HDEL', D, unpack(prefixed('w:', c)))
+      redis.call('ZREM', WQ, unpack(c))
+    end)
+    redis.call('ZREMRANGEBYSCORE', WX, '-inf', fmt(NOW))
+    for _, g in ipairs(gone) do if g == holder then S.waiting = false end end
+  end
+end
+
+local function held()
+  if NO_HOLDERS then return 0 end
+  return redis.call('ZCARD', HX)
+end
+
+-- model.clock_token: max(last + 1, now_us), the counter kept per name in D "=last".
+local function next_token()
+  S.last = math.max(S.last + 1, NOW)
+  pending['=last'] = fmt(S.last)
+  return fmt(S.last)
+end
+
+local function signal_key(holder)
+  return BASE .. 's:' .. holder
+end
+
+-- Wake exactly this waiter: one entry in its own list, which it BLPOPs. The list expires
+-- with the unclaimed grant it announces.
+local function wake(holder, lease_us)
+  local key = signal_key(holder)
+  redis.call('RPUSH', key, '1')
+  redis.call('PEXPIRE', key, fmt(math.floor(lease_us / 1000) + 1))
+end
+
+-- model.promote: grant free slots to waiters from the front. The claimant (the caller)
+-- gets a claimed grant for its full ttl; anyone else an unclaimed grant lasting
+-- min(ttl, wait_ttl), and a wake-up. Returns the free slots left (0, or > 0 only when the
+-- line is now empty) and the records granted, by holder.
+local function promote(limit, claimant)
+  local granted = {}
+  local free = limit - held()
+  if free <= 0 or NO_WAITERS then return math.max(free, 0), granted end
+  local front = redis.call('ZRANGE', WQ, 0, free - 1)
+  if #front == 0 then return free, granted end
+  local recs = redis.call('HMGET', D, unpack(prefixed('w:', front)))
+  redis.call('HDEL', D, unpack(prefixed('w:', front)))
+  redis.call('ZREM', WQ, unpack(front))
+  redis.call('ZREM', WX, unpack(front))
+  local grants = {}
+  for i, holder in ipairs(front) do
+    local w = parse_waiter(recs[i])
+    local claimed = holder == claimant
+    local lease = claimed and w.ttl or math.min(w.ttl, w.wait_ttl)
+    local h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed}
+    granted[holder] = h
+    table.insert(grants, {holder, h})
+    if not claimed then wake(holder, lease) end
+  end
+  put_holders(grants)
+  if #front < free then NO_WAITERS = true end
+  return free - #front, granted
+end
+
+-- Microseconds until the earliest lease expires, or -1 without holders.
+local function retry_after()
+  local first = first_score(HX)
+  if first == nil then return -1 end
+  return math.max(0, first - NOW)
+end
+
+-- Write back D's changed fields and keep every key alive past its newest entry, plus KEEP_US
+-- for the token counter: a name nobody touches again leaves nothing behind. "=exp" is the
+-- time up to which the keys' expiry already covers entries; it moves SLACK_US ahead at a time,
+-- so a busy name's D is not given a new expiry on every step. A zset written in this step
+-- may have just been created (Redis drops empty ones), so it is given its expiry every time.
+local SLACK_US = 300 * 1000000
+local function finish()
+  local covered = S.exp
+  if newest > covered then
+    covered = newest + SLACK_US
+    pending['=exp'] = fmt(covered)
+    extend[D] = true
+  end
+  local fields = {}
+  for f, v in pairs(pending) do
+    table.insert(fields, f)
+    table.insert(fields, v)
+  end
+  if #fields > 0 then redis.call('HSET', D, unpack(fields)) end
+  if next(extend) ~= nil then
+    local at = fmt(math.floor((covered + KEEP_US) / 1000) + 2)
+    for k, _ in pairs(extend) do redis.call('PEXPIREAT', k, at) end
+  end
+end
+
+local function grant_reply(h)
+  return {1, h.token, h.acquired, h.expires, NOW, -1, -1}
+end
+
+-- ---- operation ------------------------------------------------------------------------

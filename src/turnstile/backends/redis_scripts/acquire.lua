@@ -1,0 +1,62 @@
+-- acquire: one atomic step of model.acquire: hold, join the line, or keep one's place.
+-- Idempotent per holder.
+--
+-- KEYS: D HX WX WQ (see _lib.lua)
+-- ARGV: [1] key base "<prefix>{T}:"  [2] name  [3] holder  [4] limit
+--       [5] ttl_us  [6] wait_ttl_us  [7] enqueue: "1" join the line, "0" take a free slot
+--       only if nobody waits
+-- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us}:
+--   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
+--   granted = 0: position in line (0 = next) or -1 when not in line, and retry_after_us
+--   until the earliest lease expires or -1 without holders.
+-- Error "TURNSTILE name-collision" if the keys belong to another name (a hash collision).
+
+local name, holder = ARGV[2], ARGV[3]
+local limit, ttl, wait_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local enqueue = ARGV[7] == '1'
+
+load(holder)
+if S.name and S.name ~= name then
+  return redis.error_reply('TURNSTILE name-collision: two names share one key hash')
+end
+if not S.name then pending['=name'] = name end
+if S.limit ~= limit then pending['=limit'] = fmt(limit) end
+purge(holder)
+local free, granted = promote(limit, nil) -- a changed limit or expiries may free slots
+
+local mine = granted[holder] or (S.mine and parse_holder(S.mine))
+if mine then
+  if not mine.claimed then
+    -- Our own grant, handed over while we waited: claim it for the full ttl.
+    mine.claimed = true
+    mine.expires = NOW + ttl
+    put_holders({{holder, mine}})
+    redis.call('DEL', signal_key(holder))
+  end
+  finish()
+  return grant_reply(mine)
+end
+
+if S.waiting then
+  -- Keep our place (a waiter is never behind free slots: promote left free = 0).
+  local w = parse_waiter(S.waiting)
+  w.ttl, w.wait_ttl, w.expires = ttl, wait_ttl, NOW + wait_ttl
+  put_waiter(holder, w)
+elseif free > 0 then
+  -- The line is empty and a slot is free: joining and being promoted at once, in one go.
+  local h = {token = next_token(), acquired = NOW, expires = NOW + ttl, claimed = true}
+  put_holders({{holder, h}})
+  finish()
+  return grant_reply(h)
+elseif enqueue then
+  S.seq = S.seq + 1
+  pending['=seq'] = fmt(S.seq)
+  redis.call('ZADD', WQ, fmt(S.seq), holder)
+  put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = NOW, expires = NOW + wait_ttl})
+end
+
+local position = -1
+if S.waiting or enqueue then position = redis.call('ZRANK', WQ, holder) or -1 end
+local retry = retry_after()
+finish()
+return {0, '', 0, 0, NOW, position, retry}

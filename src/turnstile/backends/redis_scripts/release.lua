@@ -1,0 +1,28 @@
+-- release: model.release, then wake whoever was granted the freed slots.
+-- Only the lease with the given token is touched; without a token, also the holder's place
+-- in line (and any grant handed to it meanwhile). A stale or repeated release changes
+-- nothing.
+--
+-- KEYS: D HX WX WQ (see _lib.lua)
+-- ARGV: [1] key base  [2] holder  [3] token as a decimal string, or "" for none
+-- Returns 1 if something was released, else 0.
+
+local holder, token = ARGV[2], ARGV[3]
+load(holder)
+purge(holder)
+local released = 0
+if S.mine and (token == '' or parse_holder(S.mine).token == token) then
+  drop_holder(holder)
+  NO_HOLDERS = false -- maybe empty now: count again if needed
+  released = 1
+end
+if token == '' then
+  if S.waiting then
+    drop_waiter(holder)
+    released = 1
+  end
+  redis.call('DEL', signal_key(holder))
+end
+if S.limit and not NO_WAITERS then promote(S.limit, nil) end
+finish()
+return released

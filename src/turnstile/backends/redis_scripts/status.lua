@@ -1,0 +1,41 @@
+-- status: read-only snapshot of one name at the server's clock (model.status).
+--
+-- KEYS: D HX WX WQ (see _lib.lua)
+-- ARGV: [1] key base
+-- Returns {now_us, limit or "", holders, waiters} where holders is a flat list
+-- {holder, token, acquired_us, expires_us, ...} of unexpired leases (any order) and waiters
+-- a flat list {holder, joined_us, expires_us, ...} of unexpired entries in line order.
+-- limit is "" when the name has no live holder or waiter.
+
+local holders = {}
+local live = redis.call('ZRANGEBYSCORE', HX, '(' .. fmt(NOW), '+inf')
+unpack_chunks(live, function(c)
+  local recs = redis.call('HMGET', D, unpack(prefixed('h:', c)))
+  for i, holder in ipairs(c) do
+    if recs[i] then
+      local h = parse_holder(recs[i])
+      table.insert(holders, holder)
+      table.insert(holders, h.token)
+      table.insert(holders, h.acquired)
+      table.insert(holders, h.expires)
+    end
+  end
+end)
+local waiters = {}
+local line = redis.call('ZRANGE', WQ, 0, -1)
+unpack_chunks(line, function(c)
+  local recs = redis.call('HMGET', D, unpack(prefixed('w:', c)))
+  for i, holder in ipairs(c) do
+    if recs[i] then
+      local w = parse_waiter(recs[i])
+      if w.expires > NOW then
+        table.insert(waiters, holder)
+        table.insert(waiters, w.joined)
+        table.insert(waiters, w.expires)
+      end
+    end
+  end
+end)
+local limit = ''
+if #holders > 0 or #waiters > 0 then limit = redis.call('HGET', D, '=limit') or '1' end
+return {NOW, limit, holders, waiters}
