@@ -1,0 +1,43 @@
+"""Fixtures of the contract suite: every test runs once per backend row (tests/backends.py),
+each on data private to it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+import turnstile
+import turnstile.aio
+from tests.conftest import BackendUnderTest
+
+from ._harness import Spawner
+
+
+@pytest.fixture
+def client(backend: BackendUnderTest) -> Iterator[turnstile.Client]:
+    c = turnstile.connect(backend.url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+async def aclient(backend: BackendUnderTest) -> AsyncIterator[turnstile.aio.AsyncClient]:
+    c = await turnstile.aio.connect(backend.url)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture
+def workers(backend: BackendUnderTest, client: turnstile.Client) -> Iterator[Spawner]:
+    """Starts scenarios of tests/contract/_worker.py in their own processes (threads on the
+    test's client for memory://) and makes sure they are gone after the test."""
+    spawner = Spawner(backend, client)
+    try:
+        yield spawner
+    finally:
+        spawner.close()

@@ -1,0 +1,212 @@
+"""Connections dropped in the middle of an operation.
+
+A proxy we control sits between the client and its own redis-server and loses the reply of
+one chosen request (the server has run it; the client sees its connection close), or the
+server kills the client's connection (CLIENT KILL). Every script is idempotent, so the
+client's retry gets the same answer: no grant is lost or given twice, and a retried release
+of an old token never touches a newer holder.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import turnstile
+
+from .redis_proc import CuttingProxy, RedisProcess, redis_process, wait_until
+
+pytestmark = pytest.mark.redis
+
+PREFIX = "?prefix=tt-conn:"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisProcess]:
+    with redis_process(tmp_path / "redis", "--appendonly", "no") as srv:
+        yield srv
+
+
+@pytest.fixture
+def proxy(server: RedisProcess) -> Iterator[CuttingProxy]:
+    p = CuttingProxy(server.port)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def direct(server: RedisProcess) -> Iterator[turnstile.Client]:
+    c = turnstile.connect(server.url + PREFIX)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def cut(proxy: CuttingProxy) -> Iterator[turnstile.Client]:
+    """A client whose connection goes through the proxy."""
+    c = turnstile.connect(proxy.url + PREFIX)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_reply_lost_on_a_fresh_grant(
+    cut: turnstile.Client, direct: turnstile.Client, proxy: CuttingProxy
+) -> None:
+    proxy.cut_reply_after(b"holder-A")
+    ticket = cut.lock("job", ttl=30).try_acquire(holder="holder-A")
+    assert proxy.cuts == 1  # the first reply was really lost; the retry answered
+    assert ticket.acquired and ticket.lease is not None
+    status = direct.lock("job").status()
+    assert [(h.holder, h.token) for h in status.holders] == [("holder-A", ticket.lease.token)]
+    assert status.waiters == ()
+
+
+def test_reply_lost_when_joining_and_when_claiming_a_handover(
+    cut: turnstile.Client, direct: turnstile.Client, proxy: CuttingProxy
+) -> None:
+    first = direct.lock("job", ttl=30).try_acquire(holder="first")
+    assert first.lease is not None
+    lock = cut.lock("job", ttl=30)
+
+    proxy.cut_reply_after(b"holder-B")
+    assert lock.try_acquire(holder="holder-B").position == 0  # joined exactly once
+    assert proxy.cuts == 1
+    assert [w.holder for w in direct.lock("job").status().waiters] == ["holder-B"]
+
+    assert first.lease.release()  # hands the lock to holder-B (unclaimed)
+    handed = direct.lock("job").status().holders
+    assert [h.holder for h in handed] == ["holder-B"]
+
+    proxy.cut_reply_after(b"holder-B")
+    claimed = lock.try_acquire(holder="holder-B")  # claim: reply lost, retried
+    assert proxy.cuts == 2
+    assert claimed.acquired and claimed.lease is not None
+    assert claimed.lease.token == handed[0].token  # the same grant, not a second one
+    status = direct.lock("job").status()
+    assert [(h.holder, h.token) for h in status.holders] == [("holder-B", claimed.lease.token)]
+    assert status.holders[0].expires_at - status.now > 25  # claimed for its full ttl
+
+
+def test_reply_lost_on_release_hands_over_once(
+    cut: turnstile.Client, direct: turnstile.Client, proxy: CuttingProxy
+) -> None:
+    lease = cut.lock("job", ttl=30).acquire(timeout=1, holder="holder-A")
+    lock = direct.lock("job", ttl=30)
+    assert lock.try_acquire(holder="next").position == 0
+    assert lock.try_acquire(holder="after").position == 1
+
+    proxy.cut_reply_after(b"holder-A")
+    lease.release()  # ran on the server, reply lost, retried: harmless
+    assert proxy.cuts == 1
+
+    status = lock.status()
+    assert [h.holder for h in status.holders] == ["next"]  # handed over exactly once
+    assert [w.holder for w in status.waiters] == ["after"]
+    newer = status.holders[0].token
+    assert newer > lease.token
+
+    # A late replay of the old release never touches the newer holder.
+    assert cut.lock("job").release("holder-A", lease.token) is False
+    assert [(h.holder, h.token) for h in lock.status().holders] == [("next", newer)]
+
+
+def test_retried_release_of_an_old_token_spares_the_same_holders_new_lease(
+    cut: turnstile.Client, direct: turnstile.Client, proxy: CuttingProxy
+) -> None:
+    lock = cut.lock("job", ttl=30)
+    old = lock.acquire(timeout=1, holder="worker")
+    proxy.cut_reply_after(b"worker")
+    old.release()
+    assert proxy.cuts == 1
+    new = lock.acquire(timeout=1, holder="worker")  # the same holder id, a new grant
+    assert new.token > old.token
+    assert lock.release("worker", old.token) is False
+    assert [(h.holder, h.token) for h in direct.lock("job").status().holders] == [
+        ("worker", new.token)
+    ]
+    with pytest.raises(turnstile.LeaseLost):
+        old.renew()
+    assert new.release()
+
+
+def test_unreachable_proxy_raises_backend_unavailable_with_cause(
+    cut: turnstile.Client, proxy: CuttingProxy
+) -> None:
+    lock = cut.lock("job", ttl=30)
+    assert lock.acquire(timeout=1).release()
+    proxy.refuse = True
+    proxy.cut_reply_after(b"EVALSHA")  # also drop the pooled connection on its next use
+    with pytest.raises(turnstile.BackendUnavailable) as info:
+        lock.acquire(timeout=1)
+    assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
+    assert f"127.0.0.1:{proxy.port}" in str(info.value)
+
+
+def test_killed_blocking_connection_still_gets_the_handover(
+    server: RedisProcess, direct: turnstile.Client
+) -> None:
+    lock = direct.lock("job", ttl=30)
+    holder = lock.acquire(timeout=1)
+    waiter_client = turnstile.connect(server.url + PREFIX)
+    got: dict[str, object] = {}
+
+    def wait() -> None:
+        lease = waiter_client.lock("job", ttl=30).acquire(timeout=20)
+        got["at"] = time.monotonic()
+        got["token"] = lease.token
+        lease.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    admin = server.admin()
+    try:
+
+        def blocked_ids() -> list[int]:
+            return [int(c["id"]) for c in admin.client_list() if c.get("cmd") == "blpop"]
+
+        assert wait_until(lambda: bool(blocked_ids()), 10)
+        for cid in blocked_ids():
+            admin.client_kill_filter(_id=cid)
+        time.sleep(0.1)
+        released_at = time.monotonic()
+        assert holder.release()
+        thread.join(20)
+        assert not thread.is_alive()
+        assert int(got["token"]) > holder.token  # type: ignore[call-overload]
+        # Woken by the handover (the waiter re-armed its BLPOP), not by a heartbeat.
+        assert float(got["at"]) - released_at < 1.0  # type: ignore[arg-type]
+    finally:
+        admin.close()
+        waiter_client.close()
+
+
+def test_killed_script_connections_are_retried(
+    server: RedisProcess, direct: turnstile.Client
+) -> None:
+    lock = direct.lock("job", ttl=30)
+    tokens = []
+    admin = server.admin()
+    try:
+        for _ in range(5):
+            me = admin.client_id()
+            for c in admin.client_list():
+                if int(c["id"]) != me:
+                    admin.client_kill_filter(_id=int(c["id"]))
+            lease = lock.acquire(timeout=2)
+            tokens.append(lease.token)
+            assert lease.release()
+    finally:
+        admin.close()
+    assert tokens == sorted(tokens) and len(set(tokens)) == 5
+    assert lock.status().holders == ()

@@ -1,0 +1,272 @@
+"""What only the Redis backend has to show: scripts loaded once, every key under the prefix
+with an expiry and one slot per name, constant work per hand-over, URL and connection errors
+that name the problem, and the async flavour on a real server and Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+import turnstile
+import turnstile.aio
+from turnstile.backends import redis_common
+
+from .redis_proc import RedisProcess, free_port, redis_process
+
+pytestmark = pytest.mark.redis
+
+ODD_NAMES = [
+    "plain",
+    "{}",
+    "{a}",
+    "{a}x",
+    "x{a}",
+    "}{",
+    "with space",
+    "quote'\"",
+    "emoji 🚦",
+    "a:b:c",
+    "' OR 1=1 --",
+    "n" * 4000,
+]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisProcess]:
+    with redis_process(tmp_path / "redis", "--appendonly", "no") as srv:
+        yield srv
+
+
+def _cluster_url() -> str:
+    url = os.environ.get("TURNSTILE_TEST_REDIS_CLUSTER_URL")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("TURNSTILE_TEST_REDIS_CLUSTER_URL is not set under CI")
+        pytest.skip("TURNSTILE_TEST_REDIS_CLUSTER_URL is not set (scripts/dev.py test sets it)")
+    return url
+
+
+def _exercise(client: turnstile.Client, name: str) -> None:
+    """Leave a holder, a waiter and a pending wake-up signal on ``name``."""
+    lock = client.lock(name, ttl=30)
+    first = lock.try_acquire(holder="first")
+    assert first.lease is not None
+    assert lock.try_acquire(holder="second").position == 0
+    assert lock.try_acquire(holder="third").position == 1
+    assert first.lease.release()  # hands over to "second": a signal list appears
+    assert [h.holder for h in lock.status().holders] == ["second"]
+
+
+def test_scripts_are_loaded_once(server: RedisProcess) -> None:
+    client = turnstile.connect(server.url + "?prefix=tt-scripts:")
+    try:
+        lock = client.lock("job", ttl=5)
+        for _ in range(20):
+            lease = lock.acquire(timeout=1)
+            lease.renew()
+            lock.status()
+            lease.release()
+        client.names()
+        stats = server.commandstats()
+        assert stats.get("script|load") == 5  # acquire, renew, status, release, probe: once each
+        assert "eval" not in stats  # the source is never sent with a call
+        assert stats["evalsha"] == 20 * 4 + 1 + 5  # every call, plus one NOSCRIPT per script
+
+        # A second client on the same server finds them loaded; after SCRIPT FLUSH (as after
+        # a restart or failover) each is loaded again, once.
+        other = turnstile.connect(server.url + "?prefix=tt-scripts:")
+        other.lock("job", ttl=5).acquire(timeout=1).release()
+        other.close()
+        assert server.commandstats()["script|load"] == 5
+        with server.admin() as admin:
+            admin.script_flush()
+        for _ in range(3):
+            lock.acquire(timeout=1).release()
+        assert server.commandstats()["script|load"] == 7
+    finally:
+        client.close()
+
+
+def test_keys_live_under_the_prefix_expire_and_share_one_slot_per_name(
+    server: RedisProcess,
+) -> None:
+    prefix = "tt-keys:"
+    client = turnstile.connect(server.url + f"?prefix={prefix}")
+    try:
+        for name in ODD_NAMES:
+            _exercise(client, name)
+        assert client.names() == sorted(ODD_NAMES)
+    finally:
+        client.close()
+    with server.admin() as admin:
+        keys = [k.decode() for k in admin.scan_iter(count=1000)]
+        by_slot: dict[int, set[str]] = defaultdict(set)
+        tags = set()
+        for key in keys:
+            assert key.startswith(prefix), key
+            tag = key[len(prefix) :].split("}", 1)[0] + "}"
+            tags.add(tag)
+            by_slot[key_slot(key.encode())].add(tag)
+            assert admin.pttl(key) > 0, f"{key} has no expiry"
+        assert len(tags) == len(ODD_NAMES)  # no two names share keys
+        for name in ODD_NAMES:  # each name's keys (incl. its wake-up list) in one slot
+            base = redis_common.key_base(prefix, name)
+            mine = [k for k in keys if k.startswith(base)]
+            assert len(mine) >= 7, mine  # m h hx w wq wx + a signal list
+            assert len({key_slot(k.encode()) for k in mine}) == 1
+            assert admin.hget(base + "m", "name") == name.encode()  # the name is data
+
+
+def test_handover_costs_the_same_with_2_and_32_waiters(server: RedisProcess) -> None:
+    client = turnstile.connect(server.url + "?prefix=tt-cost:")
+    try:
+        costs = {}
+        for waiters in (2, 32):
+            lock = client.lock(f"line-{waiters}", ttl=30)
+            holder = lock.try_acquire(holder="h")
+            assert holder.lease is not None
+            for i in range(waiters):
+                lock.try_acquire(holder=f"w{i}")
+            lock.status()  # loads every script used below before counting
+            lock.release("nobody", 1)
+            before = sum(server.commandstats().values())
+            holder.lease.release()  # one hand-over to w0 ...
+            claimed = lock.try_acquire(holder="w0")  # ... and w0 claiming it
+            after = sum(server.commandstats().values())
+            assert claimed.acquired
+            costs[waiters] = after - before - 1  # less the INFO that reads the stats
+        assert costs[2] == costs[32], costs
+    finally:
+        client.close()
+
+
+def test_names_with_braces_spread_over_slots() -> None:
+    # A name's own braces never pick its slot: "{same}1", "{same}2", ... are spread.
+    slots = {key_slot(redis_common.key_base("p:", f"{{same}}{i}").encode()) for i in range(50)}
+    assert len(slots) > 40
+
+
+def test_unknown_url_option_is_refused() -> None:
+    with pytest.raises(turnstile.ConfigurationError, match=r"'colour'.*supported: prefix"):
+        turnstile.connect("redis://127.0.0.1:6379/0?colour=blue")
+    with pytest.raises(turnstile.ConfigurationError, match="socket_timeout"):
+        turnstile.connect("redis://127.0.0.1:6379/0?socket_timeout=-1")
+    with pytest.raises(turnstile.ConfigurationError, match="must not contain"):
+        turnstile.connect("redis://127.0.0.1:6379/0?prefix=a{b}")
+    with pytest.raises(turnstile.ConfigurationError, match="database number"):
+        turnstile.connect("redis://127.0.0.1:6379/zero")
+    with pytest.raises(turnstile.ConfigurationError, match=r"redis\+cluster://"):
+        turnstile.connect("redis://127.0.0.1:6379,127.0.0.1:6380/0")
+
+
+def test_unreachable_server_fails_at_once_without_the_password() -> None:
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(turnstile.BackendUnavailable) as info:
+        turnstile.connect(f"redis://user:s3cret-pw@127.0.0.1:{port}/0")
+    assert time.monotonic() - started < 5
+    assert f"127.0.0.1:{port}" in str(info.value)
+    assert "s3cret-pw" not in str(info.value)
+    assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
+
+
+def test_wrong_password_is_a_configuration_error(tmp_path: Path) -> None:
+    with redis_process(tmp_path / "auth", "--requirepass", "right-pw") as srv:
+        with pytest.raises(turnstile.ConfigurationError) as info:
+            turnstile.connect(f"redis://:wrong-pw@127.0.0.1:{srv.port}/0")
+        assert "wrong-pw" not in str(info.value) and "right-pw" not in str(info.value)
+        assert "***" in str(info.value)
+        with pytest.raises(turnstile.ConfigurationError):
+            turnstile.connect(f"redis://127.0.0.1:{srv.port}/0")
+        client = turnstile.connect(f"redis://:right-pw@127.0.0.1:{srv.port}/0?prefix=tt-auth:")
+        try:
+            client.lock("x").acquire(timeout=1).release()
+        finally:
+            client.close()
+
+
+def test_cluster_url_on_a_single_server_is_refused(server: RedisProcess) -> None:
+    with pytest.raises(turnstile.ConfigurationError, match="not a Redis Cluster"):
+        turnstile.connect(f"redis+cluster://127.0.0.1:{server.port}")
+
+
+def test_single_server_url_on_a_cluster_node_is_refused() -> None:
+    url = _cluster_url().replace("redis+cluster://", "redis://", 1)
+    with pytest.raises(turnstile.ConfigurationError, match=r"redis\+cluster://"):
+        turnstile.connect(url)
+
+
+@pytest.mark.redis_cluster
+def test_cluster_keys_of_a_name_share_a_slot_and_names_spread() -> None:
+    prefix = f"tt-{secrets.token_hex(5)}:"
+    url = _cluster_url()
+    client = turnstile.connect(f"{url}?prefix={prefix}")
+    admin = redis.cluster.RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1))
+    try:
+        names = [f"{{same}}{i}" for i in range(12)] + ODD_NAMES[:6]
+        for name in names:
+            _exercise(client, name)
+        assert client.names() == sorted(names)
+        nodes = set()
+        for name in names:
+            base = redis_common.key_base(prefix, name)
+            slot = admin.cluster_keyslot(base + "m")
+            for suffix in ("h", "hx", "w", "wq", "wx", "s:second"):
+                assert admin.cluster_keyslot(base + suffix) == slot
+            nodes.add(admin.get_node_from_key(base + "m").name)
+            assert admin.exists(base + "m") == 1
+        assert len(nodes) >= 2  # names are spread over the masters
+    finally:
+        client.close()
+        keys = list(admin.scan_iter(match=f"{prefix}*", target_nodes=admin.PRIMARIES))
+        for key in keys:
+            admin.delete(key)
+        admin.close()
+
+
+@pytest.mark.parametrize("where", ["single", "cluster"])
+async def test_async_handover_wakes_the_next_waiter(where: str, server: RedisProcess) -> None:
+    base = server.url if where == "single" else _cluster_url()
+    prefix = f"tt-{secrets.token_hex(5)}:"
+    client = await turnstile.aio.connect(f"{base}?prefix={prefix}")
+    try:
+        lock = client.lock("async", ttl=5)
+        order: list[int] = []
+        first = await lock.acquire(timeout=1)
+
+        async def waiter(i: int) -> None:
+            lease = await lock.acquire(timeout=10)
+            order.append(i)
+            await asyncio.sleep(0.01)
+            await lease.release()
+
+        tasks = []
+        for i in range(4):
+            tasks.append(asyncio.create_task(waiter(i)))
+            for _ in range(200):
+                if len((await lock.status()).waiters) == i + 1:
+                    break
+                await asyncio.sleep(0.005)
+        started = time.monotonic()
+        await first.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert order == [0, 1, 2, 3]
+        assert time.monotonic() - started < 1.0  # woken, not heartbeats (1.67 s)
+    finally:
+        await client.close()
+        if where == "cluster":
+            admin = redis.cluster.RedisCluster.from_url(
+                _cluster_url().replace("redis+cluster://", "redis://", 1)
+            )
+            for key in list(admin.scan_iter(match=f"{prefix}*", target_nodes=admin.PRIMARIES)):
+                admin.delete(key)
+            admin.close()
