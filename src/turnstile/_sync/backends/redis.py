@@ -109,11 +109,20 @@ class RedisBackend:
         self.characteristics = _characteristics(config, False, f"Redis at {config.shown}")
         self._client = _make_client(config, config.options)
         self._blocking: Any = None
+        self._queues: Any = None
         # Loaded once per client: EVALSHA, and SCRIPT LOAD only when a server answers
         # NOSCRIPT (first use, or after a restart / failover).
         self._scripts: dict[str, Script] = {
             op: self._client.register_script(common.script_text(op)) for op in common.OPERATIONS
         }
+
+    def queues(self) -> Any:
+        """The queue operations on this server (see ``redis_queue.py``)."""
+        if self._queues is None:
+            from .redis_queue import RedisQueueBackend
+
+            self._queues = RedisQueueBackend(self)
+        return self._queues
 
     # -- plumbing ----------------------------------------------------------------------------
     @contextlib.contextmanager
