@@ -4,6 +4,8 @@ that lives in one process, behind one interface; and the checks applied to what 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import queue
@@ -95,9 +97,7 @@ class ProcessWorker(Worker):
         self.label = label
         spec = json.dumps({"url": url, "scenario": scenario, "params": params})
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.contract._worker", spec],
             cwd=ROOT,
@@ -160,10 +160,8 @@ class ProcessWorker(Worker):
                 self.proc.wait(5)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
 
 
 class ThreadWorker(Worker):
@@ -189,8 +187,14 @@ class ThreadWorker(Worker):
             try:
                 fn(ctx, **params)
             except BaseException as exc:
-                self._add({"event": "error", "t": time.monotonic(), "error": repr(exc),
-                           "traceback": traceback.format_exc()})
+                self._add(
+                    {
+                        "event": "error",
+                        "t": time.monotonic(),
+                        "error": repr(exc),
+                        "traceback": traceback.format_exc(),
+                    }
+                )
             else:
                 self._add({"event": "exited", "t": time.monotonic()})
             finally:
@@ -284,7 +288,7 @@ def check_exclusive(intervals: list[dict[str, Any]]) -> None:
     """Critical sections of a lock: no two overlap, and in time order their tokens strictly
     increase (each grant's token is above every earlier one)."""
     ordered = sorted(intervals, key=lambda iv: iv["start"])
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in itertools.pairwise(ordered):
         assert a["end"] <= b["start"], f"critical sections overlap: {a} and {b}"
         assert a["token"] < b["token"], f"token did not increase: {a} then {b}"
 

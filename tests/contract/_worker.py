@@ -54,8 +54,8 @@ class Context:
         """The next line sent to this worker ('' if none came within ``timeout``)."""
         return self._command(timeout)
 
-    async def acommand(self, timeout: float = COMMAND_TIMEOUT) -> str:
-        return await asyncio.to_thread(self._command, timeout)
+    async def acommand(self, within: float = COMMAND_TIMEOUT) -> str:
+        return await asyncio.to_thread(self._command, within)
 
 
 def _primitive(client: Any, name: str, limit: int, ttl: float, **kw: Any) -> Any:
@@ -290,8 +290,14 @@ def main(argv: list[str]) -> int:
             finally:
                 client.close()
     except BaseException as exc:
-        emit({"event": "error", "t": time.monotonic(), "error": repr(exc),
-              "traceback": traceback.format_exc()})
+        emit(
+            {
+                "event": "error",
+                "t": time.monotonic(),
+                "error": repr(exc),
+                "traceback": traceback.format_exc(),
+            }
+        )
         return 1
     emit({"event": "exited", "t": time.monotonic()})
     return 0

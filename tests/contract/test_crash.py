@@ -26,8 +26,9 @@ def test_killed_holder_is_replaced_within_ttl(
     name = "crash:kill"
     holder = workers.spawn("hold", label="holder", name=name, limit=1, ttl=TTL, holder="victim")
     held = holder.wait_for("holding")
-    waiter = workers.spawn("wait_grant", label="waiter", name=name, limit=1, ttl=TTL,
-                           holder="next", timeout=30)
+    waiter = workers.spawn(
+        "wait_grant", label="waiter", name=name, limit=1, ttl=TTL, holder="next", timeout=30
+    )
     waiter.wait_for("ready")
     waiter.send("go")
     lock = client.lock(name, ttl=TTL)
@@ -51,8 +52,9 @@ def test_abandoned_lease_expires_after_ttl(client: turnstile.Client, workers: Sp
     clock, and the next waiter is admitted within ttl + 1 s — not before the ttl."""
     name = "crash:abandoned"
     lock = client.lock(name, ttl=TTL)
-    waiter = workers.spawn("wait_grant", label="waiter", name=name, limit=1, ttl=TTL,
-                           holder="next", timeout=30)
+    waiter = workers.spawn(
+        "wait_grant", label="waiter", name=name, limit=1, ttl=TTL, holder="next", timeout=30
+    )
     waiter.wait_for("ready")
     asked = time.monotonic()
     abandoned = lock.acquire_nowait(holder="gone")  # never renewed, never released

@@ -3,6 +3,8 @@ token for that name, across processes and clients, and after the store is reopen
 
 from __future__ import annotations
 
+import itertools
+
 import turnstile
 from tests.conftest import BackendUnderTest
 
@@ -20,7 +22,7 @@ def test_tokens_increase_with_every_grant(client: turnstile.Client) -> None:
             with other.acquire(timeout=5):
                 pass
     assert all(isinstance(t, int) and t > 0 for t in seen)
-    assert all(a < b for a, b in zip(seen, seen[1:], strict=False)), seen
+    assert all(a < b for a, b in itertools.pairwise(seen)), seen
 
 
 def test_tokens_increase_across_processes(client: turnstile.Client, workers: Spawner) -> None:
@@ -33,7 +35,7 @@ def test_tokens_increase_across_processes(client: turnstile.Client, workers: Spa
     with lock.acquire(timeout=5) as last:
         pass
     sequence = [first.token, *theirs, last.token]
-    assert all(a < b for a, b in zip(sequence, sequence[1:], strict=False)), sequence
+    assert all(a < b for a, b in itertools.pairwise(sequence)), sequence
 
 
 def test_tokens_increase_after_reopening(
@@ -55,8 +57,10 @@ def test_tokens_increase_after_reopening(
     client.close()
     assert theirs[0] > before
     for _ in range(2):
-        with turnstile.connect(backend.url) as reopened:
-            with reopened.lock(name, ttl=2.0).acquire(timeout=5) as lease:
-                assert lease.token > theirs[-1]
-                theirs.append(lease.token)
-    assert all(a < b for a, b in zip(theirs, theirs[1:], strict=False)), theirs
+        with (
+            turnstile.connect(backend.url) as reopened,
+            reopened.lock(name, ttl=2.0).acquire(timeout=5) as lease,
+        ):
+            assert lease.token > theirs[-1]
+            theirs.append(lease.token)
+    assert all(a < b for a, b in itertools.pairwise(theirs)), theirs

@@ -24,8 +24,9 @@ def _queue_up(
     the order in which they first asked is known: w0, w1, ..."""
     sem = client.semaphore(name, limit, ttl)
     started = [
-        workers.spawn("wait_grant", label=f"w{i}", name=name, limit=limit, ttl=ttl,
-                      holder=f"w{i}", hold=0.02)
+        workers.spawn(
+            "wait_grant", label=f"w{i}", name=name, limit=limit, ttl=ttl, holder=f"w{i}", hold=0.02
+        )
         for i in range(count)
     ]
     for w in started:
@@ -93,7 +94,8 @@ def test_killed_waiter_loses_its_place(
     r0 = w0.wait_for("released", timeout=30)
     g2 = w2.wait_for("granted", timeout=30)
     assert g0["token"] < g2["token"]
-    assert g2["t"] - r0["t"] <= ttl + 1.0, f"the dead waiter blocked the line {g2['t'] - r0['t']:.2f} s"
+    stalled = g2["t"] - r0["t"]
+    assert stalled <= ttl + 1.0, f"the dead waiter blocked the line for {stalled:.2f} s"
     assert not w1.all("granted")
     assert "w1" not in [h.holder for h in lock.status().holders]
 

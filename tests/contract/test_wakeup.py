@@ -24,8 +24,15 @@ def test_waiters_are_woken_by_the_handover(client: turnstile.Client, workers: Sp
     lock = client.lock("wake:chain", ttl=LONG_TTL)
     count = 4
     started = [
-        workers.spawn("wait_grant", label=f"w{i}", name="wake:chain", limit=1, ttl=LONG_TTL,
-                      holder=f"w{i}", hold=0.0)
+        workers.spawn(
+            "wait_grant",
+            label=f"w{i}",
+            name="wake:chain",
+            limit=1,
+            ttl=LONG_TTL,
+            holder=f"w{i}",
+            hold=0.0,
+        )
         for i in range(count)
     ]
     for w in started:
@@ -76,8 +83,9 @@ def test_release_wakes_only_the_admitted_waiter(client: turnstile.Client) -> Non
 @pytest.mark.slow
 def test_waiting_does_not_spin(client: turnstile.Client, workers: Spawner) -> None:
     lock = client.lock("wake:cpu", ttl=LONG_TTL)
-    w = workers.spawn("wait_grant", label="waiter", name="wake:cpu", limit=1, ttl=LONG_TTL,
-                      holder="waiter")
+    w = workers.spawn(
+        "wait_grant", label="waiter", name="wake:cpu", limit=1, ttl=LONG_TTL, holder="waiter"
+    )
     w.wait_for("ready")
     with lock.acquire(timeout=10):
         w.send("go")

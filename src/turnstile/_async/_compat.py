@@ -7,6 +7,7 @@ turned into ``_sync`` by ``scripts/unasync.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import socket
 from collections.abc import Awaitable, Callable
@@ -22,15 +23,34 @@ sleep = asyncio.sleep
 
 
 async def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run a short blocking call (SQLite) in a worker thread."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    """Run a short blocking call (SQLite) in a worker thread.
+
+    A thread cannot be stopped: if the caller is cancelled, the call still completes. Wait
+    for it before letting the cancellation through, so that whatever the caller does next
+    (leave the line, release) happens on the store *after* it, not before."""
+    call = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        while not call.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({call})
+        if not call.cancelled():
+            call.exception()  # retrieved: the cancellation is what the caller gets
+        raise
+
+
+# Timeouts use ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11 ``wait_for``
+# swallows a cancellation that arrives together with the completion of what it waits for,
+# so a waiter cancelled just as it was woken would go on waiting (and take the grant).
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     if event.is_set():
         return True
     try:
-        await asyncio.wait_for(event.wait(), max(timeout, 0.0))
+        async with asyncio.timeout(max(timeout, 0.0)):
+            await event.wait()
     except TimeoutError:
         return False
     return True
@@ -65,7 +85,8 @@ def prepare_socket(sock: socket.socket) -> None:
 async def recv_datagram(sock: socket.socket, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     try:
-        await asyncio.wait_for(loop.sock_recv(sock, 64), max(timeout, 0.0))
+        async with asyncio.timeout(max(timeout, 0.0)):
+            await loop.sock_recv(sock, 64)
     except TimeoutError:
         return False
     return True

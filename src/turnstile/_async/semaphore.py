@@ -261,12 +261,16 @@ class AsyncSemaphore:
         holder = timing.default_holder() if holder is None else validate.holder(holder)
         wait_ttl = timing.blocking_wait_ttl(self.ttl)
         deadline = None if timeout is None else time.monotonic() + timeout
-        result, sent = await self._step(holder, wait_ttl, True)
-        if result.grant is not None:
-            log_acquire.debug("acquired %r token %d at once", self.name, result.grant.token)
-            return self._lease(result, sent)
         waiter = None
         try:
+            # Inside the try: a step interrupted (cancelled) after the store applied it must
+            # not leave a lease or a place in line behind.
+            result, sent = await self._step(holder, wait_ttl, True)
+            if result.grant is not None:
+                log_acquire.debug(
+                    "acquired %r token %d at once", self.name, result.grant.token
+                )
+                return self._lease(result, sent)
             if timeout != 0:
                 # Arm the wake-up channel, then look again: no hand-over can slip between.
                 waiter = await self._backend.open_waiter(self.name, holder)
@@ -321,7 +325,11 @@ class AsyncSemaphore:
         """Take a free slot now, only if nobody is waiting; else raise
         :class:`~turnstile.AcquireTimeout` without joining the line."""
         holder = timing.default_holder() if holder is None else validate.holder(holder)
-        result, sent = await self._step(holder, timing.blocking_wait_ttl(self.ttl), False)
+        try:
+            result, sent = await self._step(holder, timing.blocking_wait_ttl(self.ttl), False)
+        except BaseException:
+            await self._leave(holder)  # interrupted after the store granted: give it back
+            raise
         if result.grant is None:
             raise AcquireTimeout(f"{self.name!r} is at its limit ({self.limit}) or has waiters")
         return self._lease(result, sent)

@@ -1,0 +1,228 @@
+"""Bad input (SPEC "Bad input"): every public entry point refuses a bad argument with an
+InvalidArgument naming it; odd but valid names work and stay separate from each other."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import turnstile
+from turnstile import MAX_NAME_BYTES
+
+from ._harness import Spawner
+
+BAD_NAMES: list[Any] = [
+    "",
+    "x" * (MAX_NAME_BYTES + 1),
+    "é" * (MAX_NAME_BYTES // 2 + 1),  # 2 bytes each in UTF-8: over the limit in bytes
+    "😀" * (MAX_NAME_BYTES // 4) + "x",  # 4097 bytes
+    "a\x00b",
+    "\x00",
+    "\ud800",  # a lone surrogate is not UTF-8
+    None,
+    42,
+    b"bytes",
+    ["list"],
+]
+BAD_TTLS: list[Any] = [
+    0,
+    -1,
+    -0.5,
+    0.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e12,
+    10**20,
+    True,
+    False,
+    "5",
+    None,
+]
+BAD_TIMEOUTS: list[Any] = [-1, -0.001, math.inf, -math.inf, math.nan, 1e12, True, "1", [1]]
+BAD_LIMITS: list[Any] = [0, -1, True, False, 1.5, 2.0, 10**12, "2", None]
+BAD_HOLDERS: list[Any] = ["", "a\x00", "x" * 1025, 5, None, b"h"]
+BAD_TOKENS: list[Any] = [0, -1, True, 1.5, "1", 2**63, [1]]
+
+ODD_NAMES = [
+    "{}",
+    "{a}",
+    "a",
+    "{a}:",
+    "{a}:b",
+    "a b",
+    " ",
+    "  leading and trailing  ",
+    "'",
+    '"',
+    'it\'s "quoted"',
+    "'; DROP TABLE x; --",
+    "'); DELETE FROM turnstile_holders; --",
+    "Robert'); DROP TABLE turnstile_meta;--",
+    "😀",
+    "名前:ロック",
+    "*",
+    "?",
+    "[a-z]",
+    "%",
+    "_",
+    "a*",
+    "\\",
+    "line\nbreak",
+    "tab\there",
+    "redis.call('FLUSHALL')",
+    "$1",
+    "x" * MAX_NAME_BYTES,
+    "😀" * (MAX_NAME_BYTES // 4),
+    "x" * (MAX_NAME_BYTES - 1) + "y",
+]
+
+
+def _ids(values: list[Any]) -> list[str]:
+    return [repr(v)[:20] for v in values]
+
+
+def _refused(call: Callable[[], object], argument: str) -> None:
+    with pytest.raises(turnstile.InvalidArgument) as info:
+        call()
+    assert isinstance(info.value, ValueError)
+    assert argument in str(info.value), f"message does not name {argument!r}: {info.value}"
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES, ids=_ids(BAD_NAMES))
+def test_bad_names(client: turnstile.Client, bad: Any) -> None:
+    _refused(lambda: client.lock(bad), "name")
+    _refused(lambda: client.semaphore(bad, 2), "name")
+    _refused(lambda: client.status(bad), "name")
+    _refused(lambda: client.limited(bad, 2), "name")
+
+
+@pytest.mark.parametrize("bad", BAD_TTLS, ids=_ids(BAD_TTLS))
+def test_bad_ttls(client: turnstile.Client, bad: Any) -> None:
+    _refused(lambda: client.lock("args", ttl=bad), "ttl")
+    _refused(lambda: client.semaphore("args", 2, ttl=bad), "ttl")
+    _refused(lambda: client.sequential(key="k", ttl=bad), "ttl")
+    _refused(lambda: client.limited("args", 2, ttl=bad), "ttl")
+    sem = client.semaphore("args", 2, ttl=2.0)
+    if bad is not None:
+        _refused(lambda: sem.try_acquire("h", wait_ttl=bad), "wait_ttl")
+    with sem.acquire(timeout=5) as lease:
+        if bad is not None:
+            _refused(lambda: lease.renew(ttl=bad), "ttl")
+        assert not lease.lost
+    assert sem.status().holders == ()
+
+
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS, ids=_ids(BAD_TIMEOUTS))
+def test_bad_timeouts(client: turnstile.Client, bad: Any) -> None:
+    lock = client.lock("args", ttl=2.0)
+    _refused(lambda: lock.acquire(timeout=bad), "timeout")
+    _refused(lambda: client.sequential(key="k", timeout=bad), "timeout")
+    _refused(lambda: client.limited("args", 2, timeout=bad), "timeout")
+    st = lock.status()
+    assert st.holders == () and st.waiters == ()  # a refused call left nothing behind
+
+
+@pytest.mark.parametrize("bad", BAD_LIMITS, ids=_ids(BAD_LIMITS))
+def test_bad_limits(client: turnstile.Client, bad: Any) -> None:
+    _refused(lambda: client.semaphore("args", bad), "limit")
+    _refused(lambda: client.limited("args", bad), "limit")
+
+
+@pytest.mark.parametrize("bad", BAD_HOLDERS, ids=_ids(BAD_HOLDERS))
+def test_bad_holders(client: turnstile.Client, bad: Any) -> None:
+    sem = client.semaphore("args", 2, ttl=2.0)
+    if bad is not None:  # None means: a fresh holder id
+        _refused(lambda: sem.acquire(timeout=1, holder=bad), "holder")
+        _refused(lambda: sem.acquire_nowait(holder=bad), "holder")
+    _refused(lambda: sem.try_acquire(bad), "holder")
+    _refused(lambda: sem.release(bad), "holder")
+    st = sem.status()
+    assert st.holders == () and st.waiters == ()
+
+
+@pytest.mark.parametrize("bad", BAD_TOKENS, ids=_ids(BAD_TOKENS))
+def test_bad_tokens(client: turnstile.Client, bad: Any) -> None:
+    sem = client.semaphore("args", 2, ttl=2.0)
+    with sem.acquire(timeout=5, holder="h"):
+        _refused(lambda: sem.release("h", bad), "token")
+        assert [h.holder for h in sem.status().holders] == ["h"]
+
+
+def test_names_arguments(client: turnstile.Client) -> None:
+    _refused(lambda: client.names(3), "prefix")  # type: ignore[arg-type]
+    _refused(lambda: client.names("", 0), "max_count")
+    _refused(lambda: client.names("", True), "max_count")
+
+
+def test_limits_of_the_accepted_range_work(client: turnstile.Client) -> None:
+    sem = client.semaphore("args:edge", 1_000_000, ttl=0.05)
+    with sem.acquire(timeout=0) as lease:
+        assert lease.ttl == 0.05
+    lock = client.lock("args:edge2", ttl=30 * 24 * 3600)
+    with lock.acquire(timeout=30 * 24 * 3600) as lease:
+        assert lease.expires_at - lease.acquired_at == pytest.approx(30 * 24 * 3600)
+
+
+def test_odd_names_work_and_stay_separate(client: turnstile.Client, workers: Spawner) -> None:
+    assert len(set(ODD_NAMES)) == len(ODD_NAMES)
+    leases = {}
+    for name in ODD_NAMES:
+        lock = client.lock(name, ttl=5.0)
+        leases[name] = lock.acquire_nowait(holder=f"holder of {name[:30]}")
+        assert lock.status().name == name
+    for name in ODD_NAMES:  # each name is held by exactly its own holder
+        st = client.status(name)
+        assert [(h.holder, h.token) for h in st.holders] == [
+            (f"holder of {name[:30]}", leases[name].token)
+        ]
+        with pytest.raises(turnstile.AcquireTimeout):
+            client.lock(name, ttl=5.0).acquire_nowait()
+    assert set(ODD_NAMES) <= set(client.names("", 1000))
+    # another process (or thread) sees the very same names, held
+    w = workers.spawn("probe_names", names=ODD_NAMES, ttl=5.0)
+    report = w.wait_for("probe")["report"]
+    w.join()
+    assert [r["name"] for r in report] == ODD_NAMES
+    assert [r["free"] for r in report] == [False] * len(ODD_NAMES)
+    assert [r["holders"] for r in report] == [[f"holder of {n[:30]}"] for n in ODD_NAMES]
+    # releasing some leaves the others alone
+    released = ODD_NAMES[::2]
+    for name in released:
+        assert leases[name].release()
+    for name in ODD_NAMES:
+        holders = [h.holder for h in client.status(name).holders]
+        assert holders == ([] if name in released else [f"holder of {name[:30]}"])
+    for name in ODD_NAMES[1::2]:
+        assert leases[name].release()
+    for name in ODD_NAMES:
+        assert client.status(name).holders == ()
+
+
+def test_odd_names_as_prefix_of_names(client: turnstile.Client) -> None:
+    """names(prefix) takes the prefix literally (no pattern matching)."""
+    for name in ("*", "a*", "ab", "[a]b", "%x", "_y"):
+        client.lock(name, ttl=5.0).acquire_nowait(holder="h")
+    assert client.names("*") == ["*"]
+    assert client.names("a") == ["a*", "ab"]
+    assert client.names("a*") == ["a*"]
+    assert client.names("[a]") == ["[a]b"]
+    assert client.names("%") == ["%x"]
+    assert client.names("_") == ["_y"]
+    assert client.names("", 2) == sorted(client.names(""))[:2]
+    for name in ("*", "a*", "ab", "[a]b", "%x", "_y"):
+        assert client.lock(name).release("h")
+
+
+def test_odd_holders_work(client: turnstile.Client) -> None:
+    sem = client.semaphore("args:holders", 10, ttl=5.0)
+    holders = ["'; DROP TABLE x; --", "{h}", "😀", "a b", "*", "\n", "x" * 1024]
+    for h in holders:
+        assert sem.try_acquire(h).acquired
+    assert sorted(x.holder for x in sem.status().holders) == sorted(holders)
+    for h in holders:
+        assert sem.release(h)
+    assert sem.status().holders == ()

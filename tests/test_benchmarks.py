@@ -1,0 +1,174 @@
+"""The benchmarks still run, and the harness computes its numbers right.
+
+No performance assertions here (performance is measured in benchmarks/, never asserted):
+each ``benchmarks/bench_*.py`` runs once with ``--quick`` in a subprocess and must finish and
+print its results; the harness's metrics are checked on hand-made intervals.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+SKIP_EXIT = 77  # a bench script's way of saying "my server is not configured here"
+
+
+def _load_harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("harness", BENCHMARKS / "harness.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("harness", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+h = _load_harness()
+
+
+# -- the scripts ----------------------------------------------------------------------------
+SCRIPTS = sorted(BENCHMARKS.glob("bench_*.py"))
+
+
+def test_there_is_a_benchmark() -> None:
+    assert any(p.name == "bench_sqlite.py" for p in SCRIPTS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_quick_run_completes(script: Path, tmp_path: Path) -> None:
+    output = tmp_path / "results.md"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--quick",
+            "--json",
+            "--output",
+            str(output),
+            "--tmpdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
+        env=env,
+    )
+    if proc.returncode == SKIP_EXIT:
+        pytest.skip(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "skipped")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout)
+    assert results["machine"]["python"]
+    assert results["uncontended"] and all(r["ops_per_s"] > 0 for r in results["uncontended"])
+    assert results["handover"] and all(r["grants"] > 0 for r in results["handover"])
+    assert results["webhooks"] and all(
+        r["events"] > 0 for group in results["webhooks"] for r in group
+    )
+    text = output.read_text(encoding="utf-8")
+    assert "- command: `python benchmarks/" in text
+    tables = [line for line in text.splitlines() if line.startswith("| lock |")]
+    assert len(tables) >= 3, text
+    for label in {r["label"] for r in results["uncontended"]}:
+        assert f"| {label} |" in text
+    # Nothing left behind in the scratch directory given to the script.
+    assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
+
+
+# -- the harness's numbers --------------------------------------------------------------------
+def test_percentile_interpolates() -> None:
+    assert h.percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.5
+    assert h.percentile([5.0], 99) == 5.0
+    assert h.percentile(list(map(float, range(101))), 99) == 99.0
+    assert math.isnan(h.percentile([], 50))
+
+
+def test_overlaps_and_streaks() -> None:
+    assert h.count_overlaps([(0, 1), (1, 2), (2.5, 3)]) == 0
+    assert h.count_overlaps([(0, 10), (1, 2), (3, 4), (11, 12)]) == 2
+    assert h.longest_streak([1, 1, 2, 2, 2, 1]) == 3
+    assert h.longest_streak([]) == 0
+
+
+def g(pid: int, wait: float, start: float, end: float) -> object:
+    return h.Grant(pid, wait, start, end)
+
+
+def test_fifo_violations() -> None:
+    fair = [g(1, 0.0, 0.0, 1.0), g(2, 0.1, 1.0, 2.0), g(3, 0.2, 2.0, 3.0), g(1, 1.0, 3.0, 4.0)]
+    assert h.fifo_violations(fair) == 0
+    # pid 1 releases at 1.0, asks again at once and takes it back before 2 and 3.
+    unfair = [g(1, 0.0, 0.0, 1.0), g(2, 0.1, 2.0, 3.0), g(3, 0.2, 3.0, 4.0), g(1, 1.0, 1.0, 2.0)]
+    assert h.fifo_violations(unfair) == 1
+    # Within the tolerance the order of two requests is not judged.
+    close = [g(1, 0.0, 0.0, 1.0), g(2, 0.5, 2.0, 3.0), g(3, 0.5005, 1.0, 2.0)]
+    assert h.fifo_violations(close, tolerance=0.001) == 0
+    assert h.fifo_violations(close, tolerance=0.0) == 1
+
+
+def test_handover_metrics() -> None:
+    grants = [g(1, 0.0, 0.0, 1.0), g(2, 0.0, 1.002, 2.0), g(2, 2.0, 2.0, 3.0), g(1, 0.5, 3.004, 4)]
+    m = h.handover_metrics(grants)
+    assert (m["grants"], m["handovers"], m["to_other"]) == (4, 3, 2)
+    assert m["longest_streak"] == 2
+    assert m["fifo_violations"] == 1  # pid 2 asked at 2.0, after pid 1 (0.5), but went first
+    assert m["overlaps"] == 0
+    assert m["gap_p50_ms"] == pytest.approx(3.0)
+
+
+def test_scenarios_and_the_fifo_bound() -> None:
+    demo = h.WebhookScenario.parse("RA1,RA2,RB1,RB2,RB3")
+    assert [a.order for a in demo.arrivals] == ["A", "A", "B", "B", "B"]
+    # 3 workers: A1 | A2 waits for A1 | B1; then B2, B3 waits for B2 -> 3 units = ideal.
+    assert h.fifo_bound(demo, 3, 1.0) == 3.0
+    assert h.ideal_makespan(demo, 3, 1.0) == 3.0
+    # 2 workers: the worker holding B3 waits behind B2, so 4 units against an ideal of 3.
+    assert h.fifo_bound(demo, 2, 1.0) == 4.0
+    one = h.WebhookScenario.random(20, 10, seed=1)
+    assert len(one.arrivals) == 200 and one == h.WebhookScenario.random(20, 10, seed=1)
+    assert one != h.WebhookScenario.random(20, 10, seed=2)
+    # The perfect lock's efficiency on 20 x 10 random webhooks over 8 workers is about 0.8.
+    effs = [
+        h.ideal_makespan(s, 8, 1.0) / h.fifo_bound(s, 8, 1.0)
+        for s in (h.WebhookScenario.random(20, 10, seed=k) for k in range(30))
+    ]
+    assert 0.75 < sum(effs) / len(effs) < 0.9
+    spaced = h.WebhookScenario.random(2, 2, seed=1, spacing=10.0)
+    assert h.fifo_bound(spaced, 4, 1.0) == 31.0 == h.ideal_makespan(spaced, 4, 1.0)
+
+
+def test_webhook_metrics() -> None:
+    H = h.Handled
+    events = [
+        H(0, "A", 1, 0.0, 0.0, 1.0),
+        H(1, "A", 2, 0.0, 2.0, 3.0),  # arrived before index 2, ran after it
+        H(2, "A", 3, 0.5, 1.0, 2.0),  # ... and its worker asked later: the lock's fault
+        H(3, "B", 1, 0.0, 0.0, 1.0),
+        H(4, "B", 2, 0.0, 0.5, 1.5),  # overlaps B's first webhook
+        H(5, "C", 3, 0.0, math.nan, math.nan, "TimeoutError()"),
+    ]
+    m = h.webhook_metrics(events)
+    assert m["order_violations"] == 1
+    assert m["lock_fifo_violations"] == 1
+    assert m["overlaps"] == 1
+    assert m["order_gap_p50_ms"] == pytest.approx(0.0)
+
+
+def test_markdown_and_json() -> None:
+    table = h.markdown_table(["lock", "x"], [["a", 1.234], ["b", math.nan]])
+    assert table.splitlines() == ["| lock | x |", "|---|---:|", "| a | 1.23 |", "| b | - |"]
+    assert json.loads(h.to_json({"v": math.nan, "g": h.Grant(1, 0.0, 1.0, 2.0)})) == {
+        "v": None,
+        "g": {"pid": 1, "wait_start": 0.0, "start": 1.0, "end": 2.0},
+    }
