@@ -193,7 +193,15 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     webhooks: list[list[WebhookResult]] = []
     for scenario, workers in scenarios:
         print(f"webhooks: {scenario.name}", file=sys.stderr)
-        webhooks.append(run_webhooks(main, scenario, workers=workers, work=args.work))
+        webhooks.append(
+            run_webhooks(
+                main,
+                scenario,
+                workers=workers,
+                work=args.work,
+                trials=1 if quick else args.trials,
+            )
+        )
     return {
         "contenders": [{"label": c.label, "note": c.note} for c in main],
         "uncontended": uncontended,
@@ -348,7 +356,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
             "order). Efficiency = ideal / makespan; *perfect FIFO lock* = the efficiency of a "
             "zero-overhead strictly-FIFO lock on the same arrivals (workers that wait behind a "
             "busy order sit idle, so it stays below 1). Out of order = webhooks that ran "
-            "before an earlier-arrived webhook of the same order.",
+            "before an earlier-arrived webhook of the same order. Each row is the contender's "
+            "trial of median efficiency; the last column lists every trial.",
             "",
             webhook_table(group, BASELINE),
             "",
@@ -371,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work", type=float, default=0.02, help="seconds per webhook")
+    parser.add_argument("--trials", type=int, default=3, help="runs of each webhook scenario")
     args = parser.parse_args(argv)
 
     info = machine_info(["turnstile", "filelock"])
