@@ -172,12 +172,12 @@ class AsyncQueue:
 
     async def _get(self, timeout: float | None, stop: _compat.Event | None) -> AsyncMessage | None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        result = await self._claim(None)
-        if result.delivery is not None:
-            return AsyncMessage(self, result.delivery)
         if timeout == 0 or (stop is not None and stop.is_set()):
-            return None
-        # Arm the wake-up channel, then claim again registering it: no wake-up can slip by.
+            result = await self._claim(None)
+            return None if result.delivery is None else AsyncMessage(self, result.delivery)
+        # Arm the wake-up channel first, then claim registering it as a waiter should nothing
+        # be deliverable (a claim that delivers unregisters it): no wake-up can slip by, and
+        # one store round trip per look.
         waiter = await self._backend.open_waiter(self.name)
         registered = False
         try:

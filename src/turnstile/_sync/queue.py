@@ -172,12 +172,12 @@ class Queue:
 
     def _get(self, timeout: float | None, stop: _compat.Event | None) -> Message | None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        result = self._claim(None)
-        if result.delivery is not None:
-            return Message(self, result.delivery)
         if timeout == 0 or (stop is not None and stop.is_set()):
-            return None
-        # Arm the wake-up channel, then claim again registering it: no wake-up can slip by.
+            result = self._claim(None)
+            return None if result.delivery is None else Message(self, result.delivery)
+        # Arm the wake-up channel first, then claim registering it as a waiter should nothing
+        # be deliverable (a claim that delivers unregisters it): no wake-up can slip by, and
+        # one store round trip per look.
         waiter = self._backend.open_waiter(self.name)
         registered = False
         try:
