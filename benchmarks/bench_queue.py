@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import (  # noqa: E402
+from harness import (
     SPAWN,
     Contender,
     Handled,
@@ -48,7 +48,6 @@ from harness import (  # noqa: E402
     TurnstileLock,
     WebhookScenario,
     _webhook_job,
-    fmt,
     ideal_makespan,
     machine_info,
     machine_lines,
