@@ -367,8 +367,8 @@ def run_throughput(store: str, label: str, factory: Any, count: int, paced: int,
 
 # -- stores ------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def sqlite_store() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="turnstile-bench-queue-") as folder:
+def sqlite_store(tmpdir: Path | None = None) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="turnstile-bench-queue-", dir=tmpdir) as folder:
         yield f"sqlite:///{folder}/bench.db"
 
 
@@ -420,6 +420,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, write no file")
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--tmpdir", type=Path, default=None, help="where the SQLite file goes")
     parser.add_argument("--redis", default=os.environ.get("TURNSTILE_TEST_REDIS_URL"))
     parser.add_argument("--postgres", default=os.environ.get("TURNSTILE_TEST_POSTGRES_URL"))
     parser.add_argument("--orders", type=int, default=None)
@@ -447,7 +448,7 @@ def main(argv: list[str]) -> int:
 
     webhooks: list[WebhookRow] = []
     throughput: list[ThroughputRow] = []
-    with sqlite_store() as url:
+    with sqlite_store(args.tmpdir) as url:
         webhooks += run_webhook_pair("sqlite", url, scenario, workers, work)
         throughput.append(run_throughput(
             "sqlite", "turnstile", _partial(TurnstileQueue, url, "tp"), messages, paced, rate,
@@ -477,10 +478,6 @@ def main(argv: list[str]) -> int:
                 "no keys, no cap, no visibility timeout; LISTEN/NOTIFY"))
 
     info = machine_info(["redis", "psycopg", "rq"])
-    if args.json:
-        print(to_json({"machine": info, "command": command, "webhooks": webhooks,
-                       "throughput": throughput}))
-        return 0
     lines = ["# Queue benchmark", "", *machine_lines(info, command), "",
              f"## Webhooks: by queue vs by lock ({scenario.name}, {workers} workers, "
              f"{work * 1000:g} ms of work each, arriving {spacing * 1000:g} ms apart)", "",
@@ -501,8 +498,12 @@ def main(argv: list[str]) -> int:
                   for r in throughput]),
              ""]
     text = "\n".join(lines)
-    print(text)
-    output = args.output or (None if q else RESULTS)
+    if args.json:
+        print(to_json({"machine": info, "command": command, "webhooks": webhooks,
+                       "throughput": throughput}))
+    else:
+        print(text)
+    output = args.output or (None if q or args.json else RESULTS)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text + "\n")
