@@ -71,6 +71,12 @@ def test_quick_run_completes(script: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout)
     assert results["machine"]["python"]
+    if script.stem == "bench_queue":  # its own scenarios: webhooks by queue/lock, throughput
+        assert {r["how"] for r in results["webhooks"]} == {"by lock", "by queue"}
+        assert results["throughput"] and all(r["per_second"] > 0 for r in results["throughput"])
+        assert "- command: `python benchmarks/bench_queue.py" in output.read_text("utf-8")
+        assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
+        return
     assert results["uncontended"] and all(r["ops_per_s"] > 0 for r in results["uncontended"])
     assert results["handover"] and all(r["grants"] > 0 for r in results["handover"])
     assert results["webhooks"] and all(

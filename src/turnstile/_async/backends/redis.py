@@ -163,6 +163,7 @@ class AsyncRedisBackend:
         self.characteristics = _characteristics(config, False, f"Redis at {config.shown}")
         self._client = _make_client(config, config.options)
         self._blocking: Any = None
+        self._queues: Any = None
         self._blocking_nodes: dict[tuple[str, int], Any] = {}
         # Read once per client; sent as EVALSHA, and loaded (SCRIPT LOAD) only when a server
         # answers NOSCRIPT: on first use, or after a restart or failover emptied its cache.
@@ -174,6 +175,14 @@ class AsyncRedisBackend:
         # Answers of acquire steps a waiter sent behind its BLPOP: (args, reply, local send
         # and receive times), taken by the next matching acquire.
         self._prefetched: dict[tuple[str, str], tuple[tuple[int, ...], Any, float, float]] = {}
+
+    def queues(self) -> Any:
+        """The queue operations on this server (see ``redis_queue.py``)."""
+        if self._queues is None:
+            from .redis_queue import AsyncRedisQueueBackend
+
+            self._queues = AsyncRedisQueueBackend(self)
+        return self._queues
 
     # -- plumbing ----------------------------------------------------------------------------
     def _unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:

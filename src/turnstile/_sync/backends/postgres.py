@@ -218,6 +218,15 @@ class PostgresBackend:
         # Tests only: a virtual store clock (epoch seconds) passed to the SQL functions.
         self.clock_override: Callable[[], float] | None = None
         self.statements = 0  # statements sent, retries included (benchmarks count them)
+        self._queues: Any = None
+
+    def queues(self) -> Any:
+        """The queue operations in this schema (see ``postgres_queue.py``)."""
+        if self._queues is None:
+            from .postgres_queue import PostgresQueueBackend
+
+            self._queues = PostgresQueueBackend(self)
+        return self._queues
 
     def _now(self) -> datetime.datetime | None:
         return None if self.clock_override is None else _utc(self.clock_override())

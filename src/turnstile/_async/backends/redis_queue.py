@@ -1,0 +1,136 @@
+"""Queues on ``redis://`` / ``redis+cluster://``: one Lua script per operation
+(``backends/redis_scripts/queue_*.lua``), run on the lock backend's client; a blocked consumer
+BLPOPs its own wake-up list on the backend's separate blocking client, and the script that
+makes a message deliverable pushes to the oldest registered waiter's list only."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+from ..._core.queue_models import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ...backends import redis_common
+from ...backends import redis_queue_common as qc
+from .. import _compat
+from .redis import DRIVER_ERRORS, AsyncRedisBackend
+
+log = logging.getLogger("turnstile.redis")
+
+
+class AsyncRedisQueueWaiter:
+    def __init__(self, queues: AsyncRedisQueueBackend, name: str) -> None:
+        self.id = secrets.token_hex(8)
+        self._queues = queues
+        self._name = name
+        self._key = qc.signal_key(queues.base(name), self.id)
+
+    async def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            block = max(0.001, min(left, redis_common.MAX_BLOCK))
+            block = int(block * 1000 + 0.999) / 1000  # milliseconds, rounded up; 0 = forever
+            try:
+                client = self._queues.backend._blocking_client(self._key)
+                if await client.blpop([self._key], timeout=block) is not None:
+                    return True
+            except DRIVER_ERRORS as exc:
+                # The next claim reports a store that is really gone; only avoid spinning.
+                log.debug("BLPOP failed: %s", exc)
+                await _compat.sleep(min(max(left, 0.0), 0.05))
+                return True
+
+    async def close(self, registered: bool = True) -> None:
+        if registered:
+            await self._queues._run("unregister", self._name, [self.id])
+
+
+class AsyncRedisQueueBackend:
+    def __init__(self, backend: AsyncRedisBackend) -> None:
+        self.backend = backend
+        client = backend._client
+        self._scripts: dict[str, Any] = {
+            op: client.register_script(qc.script_text(op)) for op in qc.OPERATIONS
+        }
+
+    def base(self, name: str) -> str:
+        return qc.queue_base(self.backend.config.prefix, name)
+
+    async def _run(self, op: str, name: str, args: list[Any]) -> Any:
+        base = self.base(name)
+        try:
+            return await self._scripts[op](keys=qc.queue_keys(base), args=[base, *args])
+        except DRIVER_ERRORS as exc:
+            raise self.backend._unavailable(f"queue {op}", exc) from exc
+
+    async def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
+        reply = await self._run(
+            "put",
+            name,
+            [
+                name, message.id, message.key or "", message.body, message.kind,
+                qc.micros(message.delay), message.dedup_id or "", message.max_attempts,
+                qc.micros(dedup_window),
+            ],
+        )
+        return qc.put_result(reply)
+
+    async def claim(
+        self,
+        name: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> ClaimResult:
+        reply = await self._run(
+            "claim",
+            name,
+            [
+                name, receipt, qc.micros(visibility_timeout),
+                -1 if concurrency is None else concurrency, max_attempts, waiter or "",
+            ],
+        )
+        return qc.claim_result(reply, receipt)
+
+    async def ack(self, name: str, id: str, receipt: str) -> bool:
+        return int(await self._run("ack", name, [id, receipt])) == 1
+
+    async def nack(
+        self, name: str, id: str, receipt: str, *, delay: float, error: str | None
+    ) -> bool:
+        reply = await self._run(
+            "nack",
+            name,
+            [id, receipt, qc.micros(delay), 0 if error is None else 1, error or ""],
+        )
+        return int(reply) == 1
+
+    async def extend(self, name: str, id: str, receipt: str, seconds: float) -> float | None:
+        reply = int(await self._run("extend", name, [id, receipt, qc.micros(seconds)]))
+        return None if reply < 0 else reply / 1_000_000
+
+    async def stats(self, name: str, *, top_keys: int) -> QueueStats:
+        return qc.stats_result(name, await self._run("stats", name, [top_keys]))
+
+    async def dead_letters(self, name: str, *, limit: int) -> list[DeadLetterRow]:
+        return qc.dead_result(await self._run("dead", name, [limit]))
+
+    async def requeue(self, name: str, ids: list[str] | None) -> int:
+        if ids is not None and not ids:
+            return 0
+        return int(await self._run("requeue", name, list(ids or [])))
+
+    async def purge_dead(self, name: str, ids: list[str] | None) -> int:
+        if ids is not None and not ids:
+            return 0
+        return int(await self._run("purge", name, list(ids or [])))
+
+    async def open_waiter(self, name: str) -> AsyncRedisQueueWaiter:
+        return AsyncRedisQueueWaiter(self, name)
