@@ -742,8 +742,13 @@ def main(argv: list[str] | None = None) -> int:
         info.update(_server_versions(redis_url, postgres_url(args)))
         results = run(args, redis_url, prefix)
     info["seconds"] = round(time.monotonic() - started, 1)
+    info["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
     text = markdown(results, args, info)
-    text += f"\nThe whole run took {info['seconds']:.0f} s.\n"
+    text += (
+        f"\nThe whole run took {info['seconds']:.0f} s; load average at the end "
+        + " / ".join(str(x) for x in info["load_at_end"])
+        + " (the machine is shared: other work ran meanwhile).\n"
+    )
     output = args.output if args.output is not None else (None if args.quick else RESULTS)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
