@@ -298,6 +298,33 @@ def postgres_server(tmp: Path) -> Iterator[str]:
         )  # type: ignore[call-overload]
 
 
+# -- system packages ------------------------------------------------------------------------
+# Tools some tests drive for real: PgBouncer (transaction pooling) and Chromium (the
+# dashboard, through Playwright). Installed from Debian's packages where we may (root with
+# apt-get); elsewhere those tests say what is missing.
+SYSTEM_TOOLS = {"pgbouncer": ["pgbouncer"], "chromium": ["chromium"]}
+
+
+def ensure_system_tools() -> None:
+    missing = [pkg for tool, pkgs in SYSTEM_TOOLS.items() if not shutil.which(tool) for pkg in pkgs]
+    if not missing:
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        log(
+            f"not installing {', '.join(missing)} (needs root and apt-get); their tests will say so"
+        )
+        return
+    log(f"installing {', '.join(missing)} from Debian's packages")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    quiet = {"stdout": subprocess.DEVNULL, "env": env}
+    if subprocess.run(["apt-get", "update", "-qq"], **quiet).returncode != 0:  # type: ignore[call-overload]
+        log("apt-get update failed; continuing without them")
+        return
+    cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]
+    if subprocess.run(cmd, **quiet).returncode != 0:  # type: ignore[call-overload]
+        log(f"apt-get install {' '.join(missing)} failed; continuing without them")
+
+
 # -- commands -----------------------------------------------------------------------------
 def cmd_demo(args: list[str]) -> int:
     ensure_venv(DEMO_EXTRAS)
@@ -307,6 +334,7 @@ def cmd_demo(args: list[str]) -> int:
 def cmd_test(args: list[str]) -> int:
     started = time.monotonic()
     ensure_venv(TEST_EXTRAS)
+    ensure_system_tools()
     log("checking: unasync --check, ruff, mypy")
     run([str(PY), "scripts/unasync.py", "--check"], cwd=ROOT)
     run([str(PY), "-m", "ruff", "check", "src", "tests", "scripts", "benchmarks"], cwd=ROOT)

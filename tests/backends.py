@@ -74,6 +74,39 @@ def _postgres_cleanup(server: str, uid: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "tt_{uid}" CASCADE')
 
 
+_HTTP_SERVERS: dict[str, object] = {}
+
+
+def _http_url(server: str, uid: str, tmp: Path) -> str:
+    """Start a real `turnstile serve` (uvicorn, free port, one admin token) over a private
+    SQLite file; the URL carries the token as its password."""
+    import importlib.util
+
+    missing = [m for m in ("httpx", "starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        import pytest
+
+        message = f"the http row needs {', '.join(missing)}: pip install -e '.[server,http]'"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from tests.http_server import start_server
+
+    process = start_server(
+        f"sqlite:///{tmp}/turnstile-http-{uid}.db",
+        tmp,
+        tokens=[{"name": "contract", "admin": True}],
+    )
+    _HTTP_SERVERS[uid] = process
+    return process.url("contract")
+
+
+def _http_cleanup(server: str, uid: str) -> None:
+    process = _HTTP_SERVERS.pop(uid, None)
+    if process is not None:
+        process.stop()  # type: ignore[attr-defined]
+
+
 BACKENDS: list[BackendRow] = [
     BackendRow("memory", None, lambda s, uid, tmp: "memory://", _nothing, cross_process=False),
     BackendRow("sqlite", None, lambda s, uid, tmp: f"sqlite:///{tmp}/turnstile-{uid}.db", _nothing),
@@ -95,4 +128,5 @@ BACKENDS: list[BackendRow] = [
         lambda s, uid, tmp: with_query(s, schema=f"tt_{uid}"),
         _postgres_cleanup,
     ),
+    BackendRow("http", None, _http_url, _http_cleanup),
 ]

@@ -20,6 +20,7 @@ from ._sync.client import connect as _connect
 from ._sync.queue import Message, Queue
 from ._sync.semaphore import Lease, Lock, Semaphore, Ticket
 from .errors import (
+    AccessDenied,
     AcquireTimeout,
     BackendUnavailable,
     ConfigurationError,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MAX_NAME_BYTES",
     "MAX_PAYLOAD_BYTES",
+    "AccessDenied",
     "AcquireTimeout",
     "BackendUnavailable",
     "Characteristics",

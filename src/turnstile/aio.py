@@ -17,6 +17,7 @@ from ._async.semaphore import AsyncLease, AsyncLock, AsyncSemaphore, AsyncTicket
 from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
 from ._core.queue_models import MAX_PAYLOAD_BYTES, DeadLetter, KeyDepth, QueueStats, WorkResult
 from .errors import (
+    AccessDenied,
     AcquireTimeout,
     BackendUnavailable,
     ConfigurationError,
@@ -36,6 +37,7 @@ Ticket = AsyncTicket
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
+    "AccessDenied",
     "AcquireTimeout",
     "AsyncClient",
     "AsyncLease",

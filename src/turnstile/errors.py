@@ -7,6 +7,7 @@ the backend boundary and kept as ``__cause__``.
 from __future__ import annotations
 
 __all__ = [
+    "AccessDenied",
     "AcquireTimeout",
     "BackendUnavailable",
     "ConfigurationError",
@@ -53,3 +54,8 @@ class LeaseLost(TurnstileError):
 
 class NotSupported(TurnstileError):
     """The backend cannot offer this feature (see ``client.characteristics``)."""
+
+
+class AccessDenied(TurnstileError, PermissionError):
+    """The credentials in use may not do this (e.g. an HTTP service token limited to other
+    name prefixes, or read-only). The message says which permission is missing."""

@@ -277,6 +277,10 @@ class AsyncSemaphore:
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = None
         try:
+            if timeout != 0 and self._backend.characteristics.cheap_waiters:
+                # Arming costs nothing here: arm before the first step, so no hand-over can
+                # slip past it and no second look is needed.
+                waiter = await self._backend.open_waiter(self.name, holder)
             # Inside the try: a step interrupted (cancelled) after the store applied it must
             # not leave a lease or a place in line behind.
             result, sent = await self._step(holder, wait_ttl, True)
@@ -286,12 +290,13 @@ class AsyncSemaphore:
                 )
                 return self._lease(result, sent)
             if timeout != 0:
-                # Arm the wake-up channel, then look again: no hand-over can slip between.
-                # A channel that keeps wake-ups sent before it was opened (a Redis list) needs
-                # no second look: the first step's answer stands until it wakes.
-                waiter = await self._backend.open_waiter(self.name, holder)
-                if not getattr(waiter, "keeps_early_wakeups", False):
-                    result, sent = await self._step(holder, wait_ttl, True)
+                if waiter is None:
+                    # Arm the wake-up channel, then look again: no hand-over can slip between.
+                    # A channel that keeps wake-ups sent before it was opened (a Redis list)
+                    # needs no second look: the first step's answer stands until it wakes.
+                    waiter = await self._backend.open_waiter(self.name, holder)
+                    if not getattr(waiter, "keeps_early_wakeups", False):
+                        result, sent = await self._step(holder, wait_ttl, True)
                 while True:
                     if result.grant is not None:
                         log_acquire.debug("acquired %r token %d", self.name, result.grant.token)

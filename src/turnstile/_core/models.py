@@ -106,3 +106,7 @@ class Characteristics:
     durable: bool
     woken_by_store: bool
     description: str
+    # open_waiter costs no round trip to the store (e.g. one shared LISTEN connection per
+    # client): a blocking acquire arms its waiter before its first step instead of after it,
+    # which saves the step that looks again after arming.
+    cheap_waiters: bool = False

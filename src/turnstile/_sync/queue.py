@@ -32,6 +32,9 @@ STOP_CHECK = 0.1
 # After a store error, a worker waits this long (doubling up to the max) before trying again.
 ERROR_BACKOFF = 0.2
 ERROR_BACKOFF_MAX = 5.0
+# A blocking get on a backend that waits on the store's side asks for this long per call
+# (the backend may cap it, e.g. at the HTTP service's longest long poll).
+REMOTE_POLL = 30.0
 
 
 class Message:
@@ -175,6 +178,9 @@ class Queue:
         if timeout == 0 or (stop is not None and stop.is_set()):
             result = self._claim(None)
             return None if result.delivery is None else Message(self, result.delivery)
+        remote_get = getattr(self._backend, "get", None)
+        if remote_get is not None:
+            return self._get_remote(remote_get, deadline, stop)
         # Arm the wake-up channel first, then claim registering it as a waiter should nothing
         # be deliverable (a claim that delivers unregisters it): no wake-up can slip by, and
         # one store round trip per look.
@@ -201,6 +207,33 @@ class Queue:
                 waiter.close(registered)
             except BackendUnavailable as exc:  # it lapses by itself after WAITER_TTL
                 log.debug("unregistering a waiter of %r failed: %s", self.name, exc)
+
+    def _get_remote(
+        self,
+        remote_get: Callable[..., Any],
+        deadline: float | None,
+        stop: _compat.Event | None,
+    ) -> Message | None:
+        """For a backend whose store side does the waiting (the HTTP service): each call is
+        one long poll there. With a ``stop`` flag the polls last at most a heartbeat, so a
+        stop is noticed about as soon as by a native waiter."""
+        while True:
+            wait = queue_model.WAITER_HEARTBEAT if stop is not None else REMOTE_POLL
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return None
+            delivery = remote_get(
+                self.name,
+                wait=wait,
+                visibility_timeout=self.visibility_timeout,
+                concurrency=self.concurrency,
+                max_attempts=self.max_attempts,
+            )
+            if delivery is not None:
+                return Message(self, delivery)
+            if stop is not None and stop.is_set():
+                return None
 
     @staticmethod
     def _sleep(waiter: QueueWaiter, delay: float, stop: _compat.Event | None) -> bool:

@@ -45,7 +45,7 @@ from ._common import (
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Modules under turnstile.cli, in the order `turnstile --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue")
+COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue", "serve")
 
 DESCRIPTION = """\
 Fair leased locks and semaphores shared by every process that uses the same store URL.
@@ -55,6 +55,7 @@ Fair leased locks and semaphores shared by every process that uses the same stor
   turnstile status [NAME] [--json]             holders and waiters
   turnstile demo                               the per-order webhook problem, live
   turnstile queue put|get|stats|dead|requeue … keyed FIFO queues (turnstile queue --help)
+  turnstile serve [--host H] [--port P]        HTTP API, dashboard, metrics (docs/http.md)
 """
 
 EPILOG = """\

@@ -70,3 +70,11 @@ class AsyncQueueBackend(Protocol):
     async def purge_dead(self, name: str, ids: list[str] | None) -> int: ...
 
     async def open_waiter(self, name: str) -> AsyncQueueWaiter: ...
+
+    # Optional: a backend whose store side can wait itself (the HTTP service) may offer
+    #
+    #     async def get(self, name, *, wait, visibility_timeout, concurrency, max_attempts)
+    #         -> Delivery | None
+    #
+    # one long poll of up to ``wait`` seconds; the queue then uses it for blocking gets
+    # instead of open_waiter/claim/wait.

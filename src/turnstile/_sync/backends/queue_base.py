@@ -71,3 +71,11 @@ class QueueBackend(Protocol):
     def purge_dead(self, name: str, ids: list[str] | None) -> int: ...
 
     def open_waiter(self, name: str) -> QueueWaiter: ...
+
+    # Optional: a backend whose store side can wait itself (the HTTP service) may offer
+    #
+    #     def get(self, name, *, wait, visibility_timeout, concurrency, max_attempts)
+    #         -> Delivery | None
+    #
+    # one long poll of up to ``wait`` seconds; the queue then uses it for blocking gets
+    # instead of open_waiter/claim/wait.

@@ -1,0 +1,491 @@
+#!/usr/bin/env python3
+"""Turnstile's PostgreSQL backend beside pg_advisory_lock and the naive polling lock row.
+
+    python benchmarks/bench_postgres.py            # full run, writes benchmarks/results/postgres.md
+    python benchmarks/bench_postgres.py --quick    # tiny sizes, < 60 s, writes nothing (CI)
+    python benchmarks/bench_postgres.py --json     # results as JSON on stdout
+    python benchmarks/bench_postgres.py --url postgresql://user@host/db   # an existing server
+
+Without ``--url`` (or ``$TURNSTILE_BENCH_POSTGRES_URL``) the script starts a throwaway
+PostgreSQL cluster of its own (initdb in a temporary directory, a free port; the fault tests'
+helper), so the transaction counters it reads (``pg_stat_database.xact_commit``) count only
+this benchmark. On a given server everything lives in a schema of its own, dropped afterwards.
+Exits with status 77 when there is neither a URL nor a PostgreSQL installation to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))
+
+from harness import (  # noqa: E402
+    Contender,
+    HandoverResult,
+    LockAdapter,
+    TurnstileLock,
+    UncontendedResult,
+    WebhookResult,
+    WebhookScenario,
+    fmt,
+    handover_table,
+    machine_info,
+    machine_lines,
+    run_handover,
+    run_uncontended,
+    run_webhooks,
+    to_json,
+    uncontended_table,
+    webhook_table,
+)
+
+RESULTS = HERE / "results" / "postgres.md"
+BASELINE = "pg_advisory_lock"
+TURNSTILE = "turnstile postgres"
+BARE = "turnstile postgres, no renewer"
+TARGET_HANDOVER_P50_MS = 2.0
+TARGET_VS_BOUND = 0.90
+TARGET_TX_PER_HANDOVER = 3.0
+SKIP_EXIT = 77
+
+
+class AdvisoryLock(LockAdapter):
+    """``pg_advisory_lock``: a session-level lock on a connection of the worker's own (fast and
+    fair among sessions, but it dies with the connection, has no lease and no fencing token,
+    and breaks behind a transaction pooler)."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(url, autocommit=True)
+        self._key: int | None = None
+
+    def acquire(self, name: str) -> None:
+        self._key = self._conn.execute(
+            "SELECT hashtextextended(%s, 0)", (name,)
+        ).fetchone()[0]  # type: ignore[index]
+        self._conn.execute("SELECT pg_advisory_lock(%s)", (self._key,))
+
+    def release(self) -> None:
+        self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+        self._key = None
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class NaiveRowLock(LockAdapter):
+    """The SPEC's naive answer: a lock row taken in a transaction, polled every ``poll``
+    seconds while taken, 10-minute expiry, 30-second acquire timeout."""
+
+    def __init__(self, url: str, schema: str, poll: float, expiry: float = 600.0,
+                 timeout: float = 30.0) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(url, autocommit=True)
+        self._table = f'"{schema}".naive_locks'
+        self._poll, self._expiry, self._timeout = poll, expiry, timeout
+        self._owner = f"{socket.gethostname()}/{os.getpid()}"
+        self._name: str | None = None
+
+    def acquire(self, name: str) -> None:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            row = self._conn.execute(
+                f"INSERT INTO {self._table} (name, owner, expires_at)"
+                " VALUES (%s, %s, now() + %s * interval '1 second')"
+                " ON CONFLICT (name) DO UPDATE"
+                " SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+                f" WHERE {self._table}.expires_at <= now()"
+                " RETURNING owner",
+                (name, self._owner, self._expiry),
+            ).fetchone()
+            if row is not None:
+                self._name = name
+                return
+            if time.monotonic() + self._poll > deadline:
+                raise TimeoutError(f"lock row {name!r} not acquired within {self._timeout} s")
+            time.sleep(self._poll)
+
+    def release(self) -> None:
+        self._conn.execute(
+            f"DELETE FROM {self._table} WHERE name = %s AND owner = %s", (self._name, self._owner)
+        )
+        self._name = None
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class TransactionCounter:
+    """Probe: writing transactions, counted exactly by the transaction ids the server
+    assigned (``txid_current()`` before and after, minus the probe's own). Every Turnstile
+    operation and every naive-row attempt writes (a row lock or a row), so for them this is
+    every transaction; pg_advisory_lock writes nothing and shows 0.
+    (``pg_stat_database.xact_commit`` would count read-only ones too, but an idle backend
+    reports its statistics up to seconds late, so it undercounts short runs.)"""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.calls = 0
+
+    def __call__(self) -> dict[str, float]:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            xid = conn.execute("SELECT txid_current()").fetchone()[0]  # type: ignore[index]
+        # Each reading assigns one id itself; subtract the earlier readings' ids.
+        self.calls += 1
+        return {"transactions": float(xid - self.calls)}
+
+
+def contenders(url: str, schema: str) -> list[Contender]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(
+            f'CREATE TABLE "{schema}".naive_locks ('
+            " name text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL)"
+        )
+    sep = "&" if "?" in url else "?"
+    turnstile_url = f"{url}{sep}schema={schema}"
+    import turnstile
+
+    turnstile.connect(turnstile_url).close()  # create the schema before anyone is timed
+    probe = TransactionCounter(url)
+    return [
+        Contender(
+            TURNSTILE,
+            functools.partial(TurnstileLock, turnstile_url),
+            "`with lock.acquire():` — lease renewed in the background while held",
+            probe,
+        ),
+        Contender(
+            BARE,
+            functools.partial(TurnstileLock, turnstile_url, renew=False),
+            "bare `acquire()` / `release()`, no background renewal",
+            probe,
+        ),
+        Contender(
+            BASELINE,
+            functools.partial(AdvisoryLock, url),
+            "`SELECT pg_advisory_lock(k)` / `pg_advisory_unlock(k)` on a session of its own",
+            probe,
+        ),
+        Contender(
+            "naive row (1 s poll)",
+            functools.partial(NaiveRowLock, url, schema, 1.0),
+            "`INSERT ... ON CONFLICT DO UPDATE ... WHERE expired`, retried once a second",
+            probe,
+        ),
+        Contender(
+            "naive row (50 ms poll)",
+            functools.partial(NaiveRowLock, url, schema, 0.05),
+            "the same, retried every 50 ms",
+            probe,
+        ),
+    ]
+
+
+def run(args: argparse.Namespace, url: str, schema: str) -> dict[str, Any]:
+    main = contenders(url, schema)
+    quick = args.quick
+    print("uncontended acquire + release", file=sys.stderr)
+    uncontended = run_uncontended(
+        [c for c in main if c.label != "naive row (50 ms poll)"],
+        iterations=100 if quick else 1000,
+        max_seconds=0.5 if quick else 3.0,
+        trials=1 if quick else 5,
+    )
+    handover: list[HandoverResult] = []
+    for waiters in [2] if quick else args.waiters:
+        print(f"handover, {waiters} waiters", file=sys.stderr)
+        rounds = 4 if quick else max(6, 200 // (waiters + 1))
+        handover.extend(
+            run_handover(
+                main,
+                processes=waiters + 1,
+                rounds=rounds,
+                hold=0.002,
+                max_seconds=2.5 if quick else 20.0,
+            )
+        )
+    scenarios = [(WebhookScenario.parse(args.demo), args.demo_workers)]
+    if not quick:
+        scenarios.append(
+            (WebhookScenario.random(args.orders, args.per_order, seed=args.seed), args.workers)
+        )
+    webhooks: list[list[WebhookResult]] = []
+    for scenario, workers in scenarios:
+        print(f"webhooks: {scenario.name}", file=sys.stderr)
+        webhooks.append(run_webhooks(main, scenario, workers=workers, work=args.work))
+    return {
+        "contenders": [{"label": c.label, "note": c.note} for c in main],
+        "uncontended": uncontended,
+        "handover": handover,
+        "webhooks": webhooks,
+    }
+
+
+def _groups(handover: list[HandoverResult]) -> list[list[HandoverResult]]:
+    sizes = sorted({r.processes for r in handover})
+    return [[r for r in handover if r.processes == n] for n in sizes]
+
+
+def _tx(r: HandoverResult | WebhookResult) -> float:
+    return r.per_grant.get("transactions", math.nan)
+
+
+def interpretation(results: dict[str, Any]) -> list[str]:
+    """Generated from the numbers of this run."""
+    lines = []
+    worst_p50, worst_label = 0.0, ""
+    fifo = 0
+    for group in _groups(results["handover"]):
+        by = {r.label: r for r in group}
+        t, adv = by[TURNSTILE], by[BASELINE]
+        n1, n50 = by["naive row (1 s poll)"], by["naive row (50 ms poll)"]
+        fifo += t.fifo_violations
+        if t.gap_p50_ms >= worst_p50:
+            worst_p50, worst_label = t.gap_p50_ms, f"{t.processes - 1} waiters"
+        lines.append(
+            f"- **Handover, {t.processes - 1} waiters.** Turnstile {fmt(t.gap_p50_ms)} ms p50 "
+            f"/ {fmt(t.gap_p99_ms)} ms p99, {t.fifo_violations} FIFO violations, "
+            f"{fmt(_tx(t))} transactions per grant. "
+            f"pg_advisory_lock {fmt(adv.gap_p50_ms)} / {fmt(adv.gap_p99_ms)} ms, "
+            f"{adv.fifo_violations} violations, no writing transaction. "
+            f"Naive row: {fmt(n1.gap_p50_ms)} ms p50 with a 1 s poll "
+            f"({n1.fifo_violations} violations, longest streak {n1.longest_streak}), "
+            f"{fmt(n50.gap_p50_ms)} ms with 50 ms ({n50.fifo_violations} violations, "
+            f"{fmt(_tx(n50))} transactions per grant)."
+        )
+    groups = _groups(results["handover"])
+    adv_fifo = [next(r for r in g if r.label == BASELINE).fifo_violations for g in groups]
+    t_fifo = [next(r for r in g if r.label == TURNSTILE).fifo_violations for g in groups]
+    if any(t_fifo) and any(adv_fifo):
+        lines.append(
+            "- **FIFO violations** "
+            f"(Turnstile {' / '.join(map(str, t_fifo))}, pg_advisory_lock "
+            f"{' / '.join(map(str, adv_fifo))} for the sizes above): the metric compares the "
+            "times at which workers *called* acquire, with a 1 ms tolerance. With many more "
+            "processes than the 2 cores, a worker is often descheduled for longer than that "
+            "between reading the clock and its request reaching the server, so even the "
+            "server's own lock queue (pg_advisory_lock grants strictly in arrival order) "
+            "shows them; the line itself is kept in the order requests arrive (one identity "
+            "sequence per schema, `tests/postgres/test_model_equivalence.py`)."
+        )
+    bare = {r.processes: r for r in results["handover"] if r.label == BARE}
+    renewer_cost = [
+        (r.gap_p50_ms, bare[r.processes].gap_p50_ms)
+        for r in results["handover"]
+        if r.label == TURNSTILE and r.processes in bare
+    ]
+    if renewer_cost:
+        lines.append(
+            "- **Where the hand-over time goes.** Two durable transactions (the release that "
+            "grants and notifies, the waiter's acquire that claims) plus the wake-up through "
+            "the LISTEN connection, on 2 cores shared by every process and server backend of "
+            "the run. The `with` block's renewer thread (started and joined per lease by the "
+            "core's `Lease`) adds to it: p50 with / without it "
+            + ", ".join(f"{fmt(a)} / {fmt(b)} ms" for a, b in renewer_cost)
+            + ". pg_advisory_lock's hand-over happens inside the server's lock manager, with "
+            "no commit and no client round trip in between. With many waiting processes, "
+            "every client's LISTEN connection receives every NOTIFY of the schema (one "
+            "channel, the payload names the waiter) and wakes its listener thread to look at "
+            "it: one Python wake-up per process per hand-over, which is what grows with the "
+            "number of waiters here. Per-waiter channels would wake one process only, at the "
+            "price of a LISTEN round trip before each blocking acquire."
+        )
+    all_t = [r for r in results["handover"] if r.label == TURNSTILE]
+    tx = max((_tx(r) for r in all_t), default=math.nan)
+    summary = [
+        f"handover p50 ≤ {TARGET_HANDOVER_P50_MS:g} ms "
+        f"{'met' if worst_p50 <= TARGET_HANDOVER_P50_MS else 'missed'} "
+        f"(worst {fmt(worst_p50)} ms, {worst_label})",
+        f"0 FIFO violations {'met' if fifo == 0 else f'missed ({fifo})'}",
+        f"≤ {TARGET_TX_PER_HANDOVER:g} transactions per handover "
+        f"{'met' if tx <= TARGET_TX_PER_HANDOVER else 'missed'} (at most {fmt(tx)} per grant: "
+        "the waiter joining the line, the holder's release that grants it and sends one "
+        "NOTIFY, the waiter's acquire that claims it)",
+    ]
+    for group in results["webhooks"]:
+        by = {r.label: r for r in group}
+        t, adv = by[TURNSTILE], by[BASELINE]
+        n1, n50 = by["naive row (1 s poll)"], by["naive row (50 ms poll)"]
+        summary.append(
+            f"webhooks ({t.scenario}) ≥ {TARGET_VS_BOUND:.0%} of a perfect FIFO lock "
+            f"{'met' if t.vs_bound >= TARGET_VS_BOUND else 'missed'} ({t.vs_bound:.0%})"
+        )
+        lines.append(
+            f"- **Webhooks, {t.scenario}, {t.workers} workers, {fmt(t.work_ms, 0)} ms each.** "
+            f"A perfect zero-overhead FIFO lock reaches efficiency {fmt(t.bound_efficiency)}. "
+            f"Turnstile {fmt(t.efficiency)} ({t.vs_bound:.0%} of it, {t.order_violations} of "
+            f"{t.events} out of order, {t.lock_fifo_violations} lock FIFO violations); "
+            f"pg_advisory_lock {fmt(adv.efficiency)} ({adv.vs_bound:.0%}, "
+            f"{adv.order_violations} out of order); naive row {fmt(n1.efficiency)} with a 1 s "
+            f"poll ({n1.vs_bound:.0%}, {n1.order_violations} out of order"
+            + (f", {n1.failed} timed out" if n1.failed else "")
+            + f"), {fmt(n50.efficiency)} with 50 ms ({n50.vs_bound:.0%})."
+        )
+    unc: dict[str, UncontendedResult] = {r.label: r for r in results["uncontended"]}
+    t, b, bare = unc[TURNSTILE], unc[BASELINE], unc.get(BARE)
+    lines.append(
+        f"- **Uncontended.** Turnstile {fmt(t.ops_per_s)} acquire+release/s"
+        + (f" ({fmt(bare.ops_per_s)}/s without the renewer thread)" if bare else "")
+        + f", pg_advisory_lock {fmt(b.ops_per_s)}/s, naive row "
+        f"{fmt(unc['naive row (1 s poll)'].ops_per_s)}/s. An advisory lock writes nothing: "
+        "no WAL, no commit to flush. Each Turnstile acquire and release is a committed, "
+        "durable transaction (a PL/pgSQL function that locks the name's row, follows the "
+        "state machine and writes the lease and the fencing counter), so it pays a WAL flush "
+        "per call with `synchronous_commit = on`; the naive row pays the same flush with a "
+        "single statement and keeps no line, no lease renewal and no wake-up."
+    )
+    return ["- **Targets:** " + "; ".join(summary) + ".", *lines]
+
+
+def markdown(results: dict[str, Any], info: dict[str, Any], server: str) -> str:
+    command = "python benchmarks/bench_postgres.py" + "".join(f" {a}" for a in sys.argv[1:])
+    out = ["# Turnstile PostgreSQL backend vs pg_advisory_lock vs a naive polling lock row", ""]
+    out += machine_lines(info, command)
+    out += [f"- server: {server}", "", "Contenders:", ""]
+    out += [f"- **{c['label']}** — {c['note']}" for c in results["contenders"]]
+    out += ["", "## Interpretation", ""]
+    out += interpretation(results)
+    out += [
+        "",
+        "## Uncontended acquire + release (one process)",
+        "",
+        "Median of the interleaved trials; latency percentiles of the median trial.",
+        "",
+        uncontended_table(results["uncontended"], BASELINE),
+        "",
+    ]
+    for group in _groups(results["handover"]):
+        h = group[0]
+        out += [
+            f"## Handover: {h.processes - 1} waiters ({h.processes} processes), one name, "
+            f"{fmt(h.hold_ms, 0)} ms critical sections",
+            "",
+            "Gap = end of one critical section to the start of the next one in *another* "
+            "process (includes the release call and the wake-up). FIFO violation = a grant to "
+            "a process that started waiting more than "
+            f"{fmt(h.fifo_tolerance_ms, 0)} ms after another process still waiting. "
+            "*transactions / grant*: transaction ids the server assigned during the run "
+            "divided by the grants (every Turnstile call and every naive-row attempt is one "
+            "writing transaction; pg_advisory_lock writes none). Slow locks stop "
+            "starting rounds after the time budget, hence fewer grants.",
+            "",
+            handover_table(group, BASELINE, counters=True),
+            "",
+        ]
+    for group in results["webhooks"]:
+        r = group[0]
+        out += [
+            f"## Webhooks: {r.scenario}, {r.workers} workers, {fmt(r.work_ms, 0)} ms of work",
+            "",
+            f"Ideal makespan {fmt(r.ideal_s, 3)} s. Efficiency = ideal / makespan; *perfect "
+            "FIFO lock* = the efficiency of a zero-overhead strictly-FIFO lock on the same "
+            "arrivals; *vs perfect* = efficiency / that. Out of order = webhooks that ran "
+            "before an earlier-arrived webhook of the same order.",
+            "",
+            webhook_table(group, BASELINE, counters=True),
+            "",
+        ]
+    return "\n".join(out)
+
+
+def _sane(results: dict[str, Any]) -> bool:
+    """Correctness, not speed: no lock may ever let two critical sections overlap."""
+    overlaps = [r.overlaps for r in results["handover"]]
+    overlaps += [r.overlaps for group in results["webhooks"] for r in group]
+    if any(overlaps):
+        print("OVERLAPPING CRITICAL SECTIONS: a lock is broken", file=sys.stderr)
+    return not any(overlaps) and not any(math.isnan(r.ops_per_s) for r in results["uncontended"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (< 60 s), no file")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument(
+        "--output", type=Path, help=f"write the Markdown here (default for a full run: {RESULTS})"
+    )
+    parser.add_argument("--url", default=os.environ.get("TURNSTILE_BENCH_POSTGRES_URL"),
+                        help="an existing server (default: start a throwaway cluster)")
+    parser.add_argument("--tmpdir", help="accepted for the harness tests; unused")
+    parser.add_argument("--waiters", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[2, 8, 32], help="handover sizes (default 2,8,32)")
+    parser.add_argument("--demo", default="RA1,RA2,RB1,RB2,RB3", help="the demo's webhooks")
+    parser.add_argument("--demo-workers", type=int, default=3)
+    parser.add_argument("--orders", type=int, default=20)
+    parser.add_argument("--per-order", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work", type=float, default=0.02, help="seconds per webhook")
+    args = parser.parse_args(argv)
+
+    try:
+        import psycopg
+    except ImportError:
+        print("psycopg is not installed: pip install 'turnstile[postgres]'", file=sys.stderr)
+        return SKIP_EXIT
+    cluster: Any = None
+    url = args.url
+    if url:
+        server = "given with --url (shared: counters include others' traffic)"
+    else:
+        from tests.faults._pgcluster import Cluster, Unavailable
+
+        try:
+            cluster = Cluster()
+        except Unavailable as exc:
+            print(f"no --url and cannot start PostgreSQL: {exc}", file=sys.stderr)
+            return SKIP_EXIT
+        url = cluster.url
+        server = (
+            "a throwaway cluster started by the script (initdb, default settings, fsync on, "
+            "synchronous_commit on, on the machine's temporary directory)"
+        )
+    info = machine_info(["turnstile", "psycopg", "psycopg-pool"])
+    schema = f"bench_{secrets.token_hex(4)}"
+    started = time.monotonic()
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        info["versions"]["PostgreSQL"] = version
+        results = run(args, url, schema)
+    finally:
+        if cluster is not None:
+            cluster.close()
+        else:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    info["seconds"] = round(time.monotonic() - started, 1)
+    text = markdown(results, info, server)
+    text += f"\nThe whole run took {info['seconds']:.0f} s.\n"
+    output = args.output if args.output is not None else (None if args.quick else RESULTS)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+        print(f"wrote {output}", file=sys.stderr)
+    if args.json:
+        print(to_json({"machine": info, **results}))
+    else:
+        print(text)
+    return 0 if _sane(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""``http://host:port`` and ``https://…``: a Turnstile HTTP service (``turnstile serve``) as
+the store, for hosts that cannot or should not reach Redis or PostgreSQL directly.
+
+Every protocol operation is one request to API v1; the service runs it on its own store, so
+the guarantees are that store's (the service keeps no state of its own). A blocking acquire
+waits with long polls (``/v1/semaphores/wait``) between try-acquire steps, so a hand-over
+reaches the waiter as fast as the service's store wakes the service.
+
+The bearer token comes from ``connect(url, token=…)``, else the URL's password
+(``http://:TOKEN@host:8080``; never printed), else ``$TURNSTILE_TOKEN``. A path in the URL is
+kept as the API's base (``https://proxy.example/turnstile``). Options: ``token``,
+``timeout`` (seconds per request, default 10), ``verify`` (TLS: ``False`` or a CA bundle
+path; default: the system's trust store).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+from typing import Any
+from urllib.parse import SplitResult, urlunsplit
+
+import httpx
+
+from ..._core.models import (
+    AcquireResult,
+    Characteristics,
+    Grant,
+    HolderInfo,
+    Status,
+    WaiterInfo,
+)
+from ..._core.queue_models import (
+    KIND_BYTES,
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    KeyDepth,
+    NewMessage,
+    PutResult,
+    QueueStats,
+    decode_payload,
+    encode_payload,
+)
+from ..._core.urls import redact
+from ...errors import (
+    AccessDenied,
+    AcquireTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    InvalidArgument,
+    LeaseLost,
+    NotSupported,
+)
+from .queue_base import AsyncQueueWaiter
+
+ENV_TOKEN = "TURNSTILE_TOKEN"
+DEFAULT_TIMEOUT = 10.0
+# A long poll may take its whole timeout on the service; allow this much more on the wire.
+POLL_SLACK = 10.0
+MAX_LIST = 10_000
+
+_INVALID = {"invalid_argument", "bad_json", "payload_too_large", "unsupported_media_type"}
+_DENIED = {"forbidden", "read_only", "admin_required"}
+
+
+def _error(shown: str, response: httpx.Response) -> Exception:
+    """The Turnstile exception for an error answer of the service."""
+    try:
+        body = response.json()
+        code = str(body["error"]["code"])
+        message = str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return BackendUnavailable(
+            f"the Turnstile service at {shown} answered HTTP {response.status_code} "
+            "without a Turnstile error body (a proxy in between?)"
+        )
+    if code in _INVALID:
+        return InvalidArgument(message)
+    if code == "unauthorized":
+        return ConfigurationError(
+            f"the Turnstile service at {shown} refused the token ({message}); fix: pass "
+            f"token=… to connect(), put it in the URL (http://:TOKEN@host) or set ${ENV_TOKEN}"
+        )
+    if code in _DENIED:
+        return AccessDenied(message)
+    if code == "acquire_timeout":
+        return AcquireTimeout(message)
+    if code == "lease_lost":
+        return LeaseLost(message)
+    if code in ("not_supported", "not_found", "method_not_allowed"):
+        return NotSupported(f"the Turnstile service at {shown} cannot do this: {message}")
+    return BackendUnavailable(f"the Turnstile service at {shown}: {message}")
+
+
+def _grant(data: dict[str, Any]) -> Grant:
+    return Grant(
+        data["name"],
+        data["holder"],
+        int(data["token"]),
+        float(data["acquired_at"]),
+        float(data["expires_at"]),
+    )
+
+
+class AsyncHTTPWaiter:
+    """Waits with a long poll that the service answers when the hand-over wakes it."""
+
+    def __init__(self, backend: AsyncHTTPBackend, name: str, holder: str) -> None:
+        self._backend = backend
+        self._name = name
+        self._holder = holder
+
+    async def wait(self, timeout: float) -> bool:
+        timeout = min(max(0.0, timeout), self._backend.max_wait)
+        if timeout <= 0:
+            return False
+        data = await self._backend.call(
+            "POST",
+            "/v1/semaphores/wait",
+            {"name": self._name, "holder": self._holder, "timeout": timeout},
+            timeout=timeout + POLL_SLACK,
+            poll=True,
+        )
+        return bool(data["woken"])
+
+    async def close(self) -> None:
+        return None
+
+
+class AsyncHTTPQueueBackend:
+    """The queue protocol over API v1 (``/v1/queues/*``). Blocking gets are long polls that
+    the service answers from its own wake-ups (``get``), so no waiter lives here."""
+
+    def __init__(self, backend: AsyncHTTPBackend) -> None:
+        self._backend = backend
+
+    async def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
+        body: dict[str, Any] = {
+            "queue": name,
+            "id": message.id,
+            "key": message.key,
+            "delay": message.delay,
+            "dedup_id": message.dedup_id,
+            "max_attempts": message.max_attempts,
+            "dedup_window": dedup_window,
+        }
+        if message.kind == KIND_BYTES:
+            body["payload_base64"] = base64.b64encode(message.body).decode("ascii")
+        else:
+            body["payload"] = decode_payload(message.body, message.kind)
+        data = await self._backend.call("POST", "/v1/queues/put", body)
+        return PutResult(str(data["id"]), bool(data["created"]), float(data["now"]))
+
+    async def claim(
+        self,
+        name: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> ClaimResult:
+        data = await self._backend.call(
+            "POST",
+            "/v1/queues/claim",
+            {
+                "queue": name,
+                "receipt": receipt,
+                "visibility_timeout": visibility_timeout,
+                "concurrency": concurrency,
+                "max_attempts": max_attempts,
+            },
+        )
+        message = data.get("message")
+        return ClaimResult(
+            _delivery(message) if message else None, float(data["now"]), data.get("retry_after")
+        )
+
+    async def get(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        wait = min(max(0.0, wait), self._backend.max_wait)
+        data = await self._backend.call(
+            "POST",
+            "/v1/queues/get",
+            {
+                "queue": name,
+                "wait": wait,
+                "visibility_timeout": visibility_timeout,
+                "concurrency": concurrency,
+                "max_attempts": max_attempts,
+            },
+            timeout=wait + POLL_SLACK,
+            poll=True,
+        )
+        message = data.get("message")
+        return _delivery(message) if message else None
+
+    async def ack(self, name: str, id: str, receipt: str) -> bool:
+        data = await self._backend.call(
+            "POST", "/v1/queues/ack", {"queue": name, "id": id, "receipt": receipt}
+        )
+        return bool(data["acked"])
+
+    async def nack(
+        self, name: str, id: str, receipt: str, *, delay: float, error: str | None
+    ) -> bool:
+        data = await self._backend.call(
+            "POST",
+            "/v1/queues/nack",
+            {"queue": name, "id": id, "receipt": receipt, "delay": delay, "error": error},
+        )
+        return bool(data["nacked"])
+
+    async def extend(self, name: str, id: str, receipt: str, seconds: float) -> float | None:
+        data = await self._backend.call(
+            "POST",
+            "/v1/queues/extend",
+            {"queue": name, "id": id, "receipt": receipt, "seconds": seconds},
+        )
+        deadline = data.get("deadline")
+        return None if deadline is None else float(deadline)
+
+    async def stats(self, name: str, *, top_keys: int) -> QueueStats:
+        data = await self._backend.call(
+            "POST", "/v1/queues/stats", {"queue": name, "top_keys": top_keys}
+        )
+        return QueueStats(
+            name=data["name"],
+            ready=int(data["ready"]),
+            delayed=int(data["delayed"]),
+            in_flight=int(data["in_flight"]),
+            dead=int(data["dead"]),
+            oldest_age=data["oldest_age"],
+            deepest_keys=tuple(
+                KeyDepth(k["key"], int(k["pending"])) for k in data["deepest_keys"]
+            ),
+            now=float(data["now"]),
+        )
+
+    async def dead_letters(self, name: str, *, limit: int) -> list[DeadLetterRow]:
+        data = await self._backend.call(
+            "POST", "/v1/queues/dead", {"queue": name, "limit": limit}
+        )
+        rows = []
+        for d in data["dead_letters"]:
+            body, kind = _encoded(d)
+            rows.append(
+                DeadLetterRow(
+                    d["id"], d["key"], body, kind, int(d["attempts"]), d["enqueued_at"],
+                    d["died_at"], d["error"],
+                )
+            )
+        return rows
+
+    async def requeue(self, name: str, ids: list[str] | None) -> int:
+        data = await self._backend.call(
+            "POST", "/v1/admin/requeue-dead", {"queue": name, "ids": ids}
+        )
+        return int(data["requeued"])
+
+    async def purge_dead(self, name: str, ids: list[str] | None) -> int:
+        data = await self._backend.call(
+            "POST", "/v1/admin/purge-dead", {"queue": name, "ids": ids}
+        )
+        return int(data["purged"])
+
+    async def open_waiter(self, name: str) -> AsyncQueueWaiter:
+        raise NotSupported(
+            "blocking gets over HTTP are long polls on the service (get), not local waiters"
+        )
+
+
+def _encoded(message: dict[str, Any]) -> tuple[bytes, int]:
+    """A payload as the service answered it, encoded again as the store keeps it."""
+    if message.get("payload_base64") is not None:
+        return base64.b64decode(message["payload_base64"]), KIND_BYTES
+    return encode_payload(message.get("payload"))
+
+
+def _delivery(message: dict[str, Any]) -> Delivery:
+    body, kind = _encoded(message)
+    return Delivery(
+        id=message["id"],
+        key=message["key"],
+        body=body,
+        kind=kind,
+        attempt=int(message["attempt"]),
+        enqueued_at=float(message["enqueued_at"]),
+        receipt=message["receipt"],
+        deadline=float(message["deadline"]),
+    )
+
+
+class AsyncHTTPBackend:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        poll: httpx.AsyncClient,
+        base: str,
+        shown: str,
+        scheme: str,
+        timeout: float,
+    ) -> None:
+        self._http = http  # operations: acquire steps, renewals, releases, status
+        self._poll = poll  # long polls only, so waiters never hold up a renewal
+        self._closed = False
+        self._queues = AsyncHTTPQueueBackend(self)
+        self._base = base
+        self._shown = shown
+        self._timeout = timeout
+        self.max_wait = 50.0
+        self.info: dict[str, Any] = {}
+        self.characteristics = Characteristics(
+            scheme=scheme,
+            cross_process=True,
+            cross_host=True,
+            durable=False,
+            woken_by_store=True,
+            description=f"Turnstile HTTP service at {shown}",
+        )
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        poll: bool = False,
+    ) -> Any:
+        if self._closed:
+            raise BackendUnavailable(f"the client of {self._shown} is closed")
+        http = self._poll if poll else self._http
+        try:
+            response = await http.request(
+                method,
+                self._base + path,
+                json=body,
+                params=params,
+                timeout=self._timeout if timeout is None else timeout,
+            )
+        except httpx.TimeoutException as exc:
+            raise BackendUnavailable(
+                f"the Turnstile service at {self._shown} did not answer in time"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(
+                f"cannot reach the Turnstile service at {self._shown}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if response.status_code != 200:
+            raise _error(self._shown, response)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise BackendUnavailable(
+                f"the Turnstile service at {self._shown} answered something other than JSON"
+            ) from exc
+
+    async def handshake(self) -> None:
+        """Check that a Turnstile service answers and accepts the token; learn its store."""
+        try:
+            info = await self.call("GET", "/v1/info")
+        except NotSupported:
+            raise ConfigurationError(
+                f"{self._shown} does not look like a Turnstile service (no /v1/info); "
+                "check the URL (and any path behind a proxy)"
+            ) from None
+        except BackendUnavailable as exc:
+            raise BackendUnavailable(
+                f"{exc}; is `turnstile serve` running there?"
+            ) from exc.__cause__
+        if not isinstance(info, dict) or info.get("service") != "turnstile":
+            raise ConfigurationError(f"{self._shown} does not look like a Turnstile service")
+        self.info = info
+        store = info.get("backend", {})
+        self.max_wait = float(info.get("limits", {}).get("max_wait", self.max_wait))
+        self.characteristics = Characteristics(
+            scheme=self.characteristics.scheme,
+            cross_process=True,
+            cross_host=True,
+            durable=bool(store.get("durable", False)),
+            woken_by_store=bool(store.get("woken_by_store", True)),
+            description=f"Turnstile HTTP service at {self._shown} over "
+            f"{store.get('description', 'an unknown store')}",
+        )
+
+    def queues(self) -> AsyncHTTPQueueBackend:
+        """The queue operations of the service (``/v1/queues/*``)."""
+        return self._queues
+
+    async def acquire(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> AcquireResult:
+        data = await self.call(
+            "POST",
+            "/v1/semaphores/try-acquire",
+            {
+                "name": name,
+                "holder": holder,
+                "limit": limit,
+                "ttl": ttl,
+                "wait_ttl": wait_ttl,
+                "enqueue": enqueue,
+            },
+        )
+        lease = data.get("lease")
+        return AcquireResult(
+            _grant(lease) if lease else None,
+            data.get("position"),
+            float(data["now"]),
+            data.get("retry_after"),
+        )
+
+    async def release(self, name: str, holder: str, token: int | None) -> bool:
+        body: dict[str, Any] = {"name": name, "holder": holder}
+        if token is not None:
+            body["token"] = token
+        data = await self.call("POST", "/v1/semaphores/release", body)
+        return bool(data["released"])
+
+    async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
+        try:
+            data = await self.call(
+                "POST",
+                "/v1/semaphores/renew",
+                {"name": name, "holder": holder, "token": token, "ttl": ttl},
+            )
+        except LeaseLost:
+            return None
+        return _grant(data["lease"])
+
+    async def status(self, name: str) -> Status:
+        data = await self.call("POST", "/v1/semaphores/status", {"name": name})
+        return Status(
+            name=data["name"],
+            limit=data["limit"],
+            holders=tuple(
+                HolderInfo(h["holder"], int(h["token"]), h["acquired_at"], h["expires_at"])
+                for h in data["holders"]
+            ),
+            waiters=tuple(
+                WaiterInfo(w["holder"], int(w["position"]), w["joined_at"], w["expires_at"])
+                for w in data["waiters"]
+            ),
+            now=float(data["now"]),
+        )
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        data = await self.call(
+            "GET",
+            "/v1/names",
+            params={"prefix": prefix, "max_count": min(max_count, MAX_LIST)},
+        )
+        return list(data["names"])
+
+    async def open_waiter(self, name: str, holder: str) -> AsyncHTTPWaiter:
+        return AsyncHTTPWaiter(self, name, holder)
+
+    async def ping(self) -> None:
+        try:
+            response = await self._http.get(self._base + "/healthz", timeout=self._timeout)
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(
+                f"cannot reach the Turnstile service at {self._shown}: {type(exc).__name__}"
+            ) from exc
+        if response.status_code != 200:
+            raise _error(self._shown, response)
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._http.aclose()
+        await self._poll.aclose()
+
+
+async def open_backend(
+    url: str,
+    parts: SplitResult,
+    *,
+    token: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    verify: bool | str = True,
+) -> AsyncHTTPBackend:
+    scheme = parts.scheme.lower()
+    if not parts.hostname:
+        raise ConfigurationError(f"{redact(url)!r} names no host; e.g. http://127.0.0.1:8080")
+    if parts.query or parts.fragment:
+        raise ConfigurationError(
+            f"{redact(url)!r}: the HTTP backend takes no query or fragment; pass options "
+            "as keyword arguments of connect() (token=, timeout=, verify=)"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ConfigurationError("timeout must be a positive number of seconds")
+    secret = token or parts.password or os.environ.get(ENV_TOKEN) or None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    base = urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
+    headers = {"Accept": "application/json", "User-Agent": "turnstile-python"}
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    tls: bool | ssl.SSLContext = verify if isinstance(verify, bool) else _tls(verify)
+    http = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout)
+    # One connection per waiting long poll, however many wait at once.
+    unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+    poll = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout, limits=unbounded)
+    backend = AsyncHTTPBackend(http, poll, base, base, scheme, float(timeout))
+    try:
+        await backend.handshake()
+    except BaseException:
+        await backend.close()
+        raise
+    return backend
+
+
+def _tls(cafile: str) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot load the CA bundle {cafile!r}: {exc}") from None

@@ -1,0 +1,354 @@
+"""Store-side parts of the PostgreSQL backend shared by the sync and async flavours: the URL,
+the named queries and migrations (``sql/postgres/``), the wake-up key, and how psycopg's
+exceptions become Turnstile's.
+
+The state machine itself lives in the database, as the functions of
+``sql/postgres/migrations/0001_initial.sql`` (one call = one transaction = one round trip),
+following :mod:`turnstile._core.model` step for step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from importlib import resources
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+from .._core.models import Characteristics
+from .._core.urls import redact
+from ..errors import BackendUnavailable, ConfigurationError, TurnstileError
+
+CHARACTERISTICS = Characteristics(
+    scheme="postgresql",
+    cross_process=True,
+    cross_host=True,
+    durable=True,
+    woken_by_store=True,
+    description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
+    cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
+)
+
+DEFAULT_SCHEMA = "turnstile"
+DEFAULT_APPLICATION_NAME = "turnstile"
+DEFAULT_CONNECT_TIMEOUT = 5
+DEFAULT_POOL_MIN = 1
+DEFAULT_POOL_MAX = 10
+DEFAULT_RETRY_TIMEOUT = 5.0
+MAX_RETRY_TIMEOUT = 3600.0
+MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
+MIN_SERVER_VERSION = 120000  # sha256(), starts_with(), identity columns
+
+# Query parameters of a postgresql:// URL that are Turnstile's own; the rest go to libpq.
+TURNSTILE_PARAMS = ("schema", "pool_min", "pool_max", "listen", "listen_url", "retry_timeout")
+
+_SIMPLE_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,50}")
+
+
+# -- SQL files ----------------------------------------------------------------------------
+def _sql_folder() -> resources.abc.Traversable:
+    return resources.files("turnstile.backends").joinpath("sql/postgres")
+
+
+def _load_queries() -> dict[str, str]:
+    text = _sql_folder().joinpath("queries.sql").read_text("utf-8")
+    queries: dict[str, str] = {}
+    current: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        match = re.fullmatch(r"-- name: (\w+)\s*", line)
+        if match:
+            if current is not None:
+                queries[current] = "\n".join(lines).strip()
+            current, lines = match.group(1), []
+        elif current is not None and not line.startswith("--"):
+            lines.append(line)
+    if current is not None:
+        queries[current] = "\n".join(lines).strip()
+    return queries
+
+
+def _load_migrations() -> list[tuple[int, str, str]]:
+    found = []
+    for entry in _sql_folder().joinpath("migrations").iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name, entry.read_text("utf-8")))
+    found.sort()
+    if [v for v, _, _ in found] != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"PostgreSQL migrations are not numbered 1..n: {found}")
+    return found
+
+
+QUERIES = _load_queries()
+MIGRATIONS = _load_migrations()
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def quote_ident(value: str) -> str:
+    return '"' + value.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    # Only ever used on channel names we build from [a-z0-9_.] (see channel_for).
+    return "'" + value.replace("'", "''") + "'"
+
+
+def channel_for(schema: str) -> str:
+    """The NOTIFY channel of a schema: readable for plain schema names, hashed otherwise (a
+    channel is an identifier of at most 63 bytes, and is spliced into the functions)."""
+    if _SIMPLE_SCHEMA.fullmatch(schema):
+        return f"turnstile.{schema}"
+    return "turnstile." + hashlib.sha256(schema.encode("utf-8")).hexdigest()[:32]
+
+
+def render(sql: str, schema: str) -> str:
+    return sql.replace("__SCHEMA__", quote_ident(schema)).replace(
+        "__CHANNEL__", quote_literal(channel_for(schema))
+    )
+
+
+def migrate_lock_key(schema: str) -> int:
+    """The advisory lock (transaction-scoped) that serialises migrations of one schema."""
+    digest = hashlib.sha256(b"turnstile.migrate\0" + schema.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def wake_key(name: str, holder: str) -> str:
+    """Must equal the SQL function ``wake_key`` of the migrations."""
+    data = name.encode("utf-8") + b"\0" + holder.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+# -- URL ------------------------------------------------------------------------------------
+def _display_query(query: str) -> str:
+    """A query string safe to print: passwords (also inside listen_url) replaced."""
+    shown = []
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == "password":
+            value = "***"
+        elif key == "listen_url":
+            try:
+                inner = urlsplit(redact(value))
+                value = urlunsplit(inner._replace(query=_display_query(inner.query)))
+            except ValueError:
+                value = "<unparseable url>"
+        shown.append(f"{key}={value}")
+    return "&".join(shown)
+
+
+@dataclass(frozen=True)
+class PostgresConfig:
+    conninfo: str  # for psycopg: Turnstile's parameters removed, defaults added
+    listen_conninfo: str | None  # the LISTEN connection; None: no LISTEN, waiters poll
+    schema: str
+    pool_min: int
+    pool_max: int
+    retry_timeout: float
+    connect_timeout: float
+    display: str  # the URL with its password replaced, safe to print
+    secrets: tuple[str, ...]  # strings never to print (passwords)
+
+    @property
+    def channel(self) -> str:
+        return channel_for(self.schema)
+
+    def query(self, name: str) -> str:
+        return render(QUERIES[name], self.schema)
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def _int_param(params: dict[str, str], key: str, default: int, low: int, high: int) -> int:
+    raw = params.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"URL parameter {key}={raw!r} must be an integer from {low} to {high}"
+        ) from None
+    if not low <= value <= high:
+        raise ConfigurationError(f"URL parameter {key}={value} must be from {low} to {high}")
+    return value
+
+
+def _libpq_url(parts: SplitResult, params: list[tuple[str, str]], app_suffix: str) -> str:
+    keys = {k for k, _ in params}
+    extra: list[tuple[str, str]] = []
+    if "connect_timeout" not in keys:
+        extra.append(("connect_timeout", str(DEFAULT_CONNECT_TIMEOUT)))
+    if "application_name" not in keys:
+        extra.append(("application_name", DEFAULT_APPLICATION_NAME + app_suffix))
+    elif app_suffix:
+        params = [(k, v + app_suffix if k == "application_name" else v) for k, v in params]
+    query = urlencode(params + extra)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
+    """Split Turnstile's own parameters off a ``postgresql://`` URL.
+
+    ``schema`` (default ``turnstile``), ``pool_min``/``pool_max`` (connections kept / at most),
+    ``retry_timeout`` (seconds an operation keeps retrying over dropped connections and
+    server restarts; 0 = fail at once), ``listen=off`` (no LISTEN connection: waiters poll
+    with a backoff) and ``listen_url`` (a separate URL for the LISTEN connection, e.g. a
+    direct or session-mode one when the main URL is a transaction pooler). Everything else
+    is passed to libpq unchanged."""
+    display = redact(url)
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
+    except ValueError as exc:
+        raise ConfigurationError(f"cannot parse the query of {display!r}: {exc}") from None
+    ours: dict[str, str] = {}
+    rest: list[tuple[str, str]] = []
+    for key, value in pairs:
+        if key in TURNSTILE_PARAMS:
+            if key in ours:
+                raise ConfigurationError(f"URL parameter {key} is given twice in {display!r}")
+            ours[key] = value
+        else:
+            rest.append((key, value))
+    secrets = tuple(
+        s
+        for s in {
+            parts.password or "",
+            unquote(parts.password or ""),
+            *(v for k, v in rest if k == "password"),
+        }
+        if s
+    )
+    if parts.query:
+        display = urlunsplit(
+            urlsplit(display)._replace(query=_display_query(parts.query))
+        )
+    schema = ours.get("schema", DEFAULT_SCHEMA)
+    size = len(schema.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= MAX_IDENTIFIER_BYTES or "\0" in schema:
+        raise ConfigurationError(
+            f"URL parameter schema={schema!r} must be 1 to {MAX_IDENTIFIER_BYTES} bytes "
+            "(a PostgreSQL identifier) without NUL"
+        )
+    pool_min = _int_param(ours, "pool_min", DEFAULT_POOL_MIN, 0, 1000)
+    pool_max = _int_param(ours, "pool_max", max(DEFAULT_POOL_MAX, pool_min), 1, 1000)
+    if pool_max < pool_min:
+        raise ConfigurationError(f"URL parameter pool_max={pool_max} is below pool_min={pool_min}")
+    retry_raw = ours.get("retry_timeout")
+    retry_timeout = DEFAULT_RETRY_TIMEOUT
+    if retry_raw is not None:
+        try:
+            retry_timeout = float(retry_raw)
+        except ValueError:
+            retry_timeout = math.nan
+        if not 0 <= retry_timeout <= MAX_RETRY_TIMEOUT:
+            raise ConfigurationError(
+                f"URL parameter retry_timeout={retry_raw!r} must be 0 to "
+                f"{MAX_RETRY_TIMEOUT:g} seconds"
+            )
+    connect_timeout = float(dict(rest).get("connect_timeout", DEFAULT_CONNECT_TIMEOUT) or 0)
+    if connect_timeout <= 0:
+        connect_timeout = DEFAULT_CONNECT_TIMEOUT  # libpq: 0 = wait forever; we bound ours
+    listen = ours.get("listen", "on").lower()
+    if listen not in ("on", "off"):
+        raise ConfigurationError(f"URL parameter listen={listen!r} must be 'on' or 'off'")
+    conninfo = _libpq_url(parts, rest, "")
+    listen_conninfo: str | None = None
+    if listen == "on":
+        if "listen_url" in ours:
+            listen_url = ours["listen_url"]
+            try:
+                lparts = urlsplit(listen_url)
+            except ValueError:
+                raise ConfigurationError("URL parameter listen_url cannot be parsed") from None
+            if lparts.scheme not in ("postgresql", "postgres"):
+                raise ConfigurationError(
+                    f"URL parameter listen_url must be a postgresql:// URL, got "
+                    f"{redact(listen_url)!r}"
+                )
+            lpairs = [
+                (k, v)
+                for k, v in parse_qsl(lparts.query, keep_blank_values=True)
+                if k not in TURNSTILE_PARAMS
+            ]
+            secrets = tuple(
+                {*secrets, *(s for s in (lparts.password, unquote(lparts.password or "")) if s)}
+            )
+            listen_conninfo = _libpq_url(lparts, lpairs, ":listen")
+        else:
+            listen_conninfo = _libpq_url(parts, rest, ":listen")
+    return PostgresConfig(
+        conninfo=conninfo,
+        listen_conninfo=listen_conninfo,
+        schema=schema,
+        pool_min=pool_min,
+        pool_max=pool_max,
+        retry_timeout=retry_timeout,
+        connect_timeout=connect_timeout,
+        display=display,
+        secrets=secrets,
+    )
+
+
+# -- errors ---------------------------------------------------------------------------------
+# SQLSTATE classes that mean: this URL or role cannot work, retrying will not help.
+_CONFIG_STATES = ("28", "3D", "42501")
+# libpq reports a refused login without a SQLSTATE; these are the server's refusals that
+# retrying will not fix (a missing database or role, a wrong password, pg_hba.conf).
+_CONFIG_MESSAGES = (
+    "does not exist",
+    "authentication failed",
+    "pg_hba.conf",
+    "permission denied",
+    "is not permitted to log in",
+    "password is required",
+    "invalid connection option",
+)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A dropped or refused connection, a server restart, a pool timeout, a serialisation
+    failure: the operation did not happen or is idempotent, so it may be tried again."""
+    return isinstance(exc, psycopg.OperationalError)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith(("08", "57P"))
+
+
+def describe(exc: BaseException, config: PostgresConfig) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return config.scrub(text)
+
+
+def translate(exc: BaseException, action: str, config: PostgresConfig) -> TurnstileError:
+    """A psycopg exception as a Turnstile one (the caller raises it ``from exc``)."""
+    return BackendUnavailable(
+        f"PostgreSQL at {config.display!r} failed to {action}: {describe(exc, config)}"
+    )
+
+
+def translate_connect(exc: BaseException, config: PostgresConfig) -> TurnstileError:
+    state = getattr(exc, "sqlstate", None) or ""
+    text = describe(exc, config)
+    if isinstance(exc, psycopg.ProgrammingError) and not state:
+        return ConfigurationError(f"invalid PostgreSQL URL {config.display!r}: {text}")
+    if state.startswith(_CONFIG_STATES) or (
+        not state and any(m in text for m in _CONFIG_MESSAGES)
+    ):
+        return ConfigurationError(
+            f"PostgreSQL at {config.display!r} refused the connection or the schema "
+            f"{config.schema!r}: {text} (check the user, password, database and the role's "
+            "privileges; see docs/postgres.md)"
+        )
+    return BackendUnavailable(
+        f"cannot connect to PostgreSQL at {config.display!r}: {text} "
+        "(is the server running and reachable at that address?)"
+    )

@@ -1,0 +1,57 @@
+-- The named queries of the PostgreSQL backend. Each block starts with "-- name: NAME"; the
+-- text up to the next block is the query. __SCHEMA__ is replaced by the quoted schema name.
+-- Parameters are passed as data (%(param)s), never spliced in. Each query is one statement,
+-- run in autocommit mode: one transaction, no session state (works through PgBouncer in
+-- transaction mode).
+
+-- name: acquire
+SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after
+FROM __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
+                        %(ttl)s::float8, %(wait_ttl)s::float8, %(enqueue)s::boolean,
+                        %(now)s::timestamptz)
+
+-- name: release
+SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
+                          %(now)s::timestamptz)
+
+-- name: renew
+SELECT renewed, acquired_at, expires_at
+FROM __SCHEMA__.renew(%(name)s::text, %(holder)s::text, %(token)s::bigint, %(ttl)s::float8,
+                      %(now)s::timestamptz)
+
+-- name: status
+SELECT lim, now, holders, waiters FROM __SCHEMA__.status(%(name)s::text, %(now)s::timestamptz)
+
+-- name: names
+SELECT name FROM __SCHEMA__.names_in_use(%(prefix)s::text, %(max_count)s::integer,
+                                         %(now)s::timestamptz) AS name
+
+-- name: ping
+SELECT 1
+
+-- name: server_info
+SELECT current_setting('server_encoding'), current_setting('server_version_num')::integer
+
+-- name: version_table_exists
+SELECT to_regclass(%(version_table)s) IS NOT NULL
+
+-- name: migrate_lock
+-- Serialises migrations of one schema across every process (transaction-scoped: it is
+-- released at COMMIT, so it is safe through a transaction pooler).
+SELECT pg_advisory_xact_lock(%(key)s::bigint)
+
+-- name: create_schema
+CREATE SCHEMA IF NOT EXISTS __SCHEMA__
+
+-- name: create_version_table
+CREATE TABLE IF NOT EXISTS __SCHEMA__.schema_version (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: applied_version
+SELECT coalesce(max(version), 0) FROM __SCHEMA__.schema_version
+
+-- name: record_version
+INSERT INTO __SCHEMA__.schema_version (version, name) VALUES (%(version)s, %(name)s)

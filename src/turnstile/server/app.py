@@ -1,0 +1,251 @@
+"""The ASGI app: a thin JSON layer over the public client API.
+
+Every request is answered by calling the store through one :class:`turnstile.aio.Client`;
+the app keeps nothing that correctness depends on (only counters, recent events and the last
+look at each name, for the dashboard and ``/metrics``), so any number of instances can run
+behind a load balancer on one Redis or PostgreSQL.
+
+Names travel in JSON bodies (``POST``) or in a query parameter (``GET …?name=``), never in
+the path: any characters work (``/``, ``?``, ``%``, spaces, emoji) with no path
+normalisation by proxies or clients to worry about, and a workflow engine can build the body
+from its state without URL-encoding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from .._core import queue_models as qm
+from .._core import validate
+from ..aio import AsyncClient
+from ..errors import InvalidArgument
+from . import locks, openapi, queues
+from .common import Ctx, Service, query_int
+from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, ServerConfig
+from .errors import error_response, from_exception
+from .metrics import Gauge
+
+# -- service endpoints -----------------------------------------------------------------------
+
+
+async def info(ctx: Ctx) -> Any:
+    chars = ctx.client.characteristics
+    config = ctx.service.config
+    return {
+        "service": "turnstile",
+        "version": __version__,
+        "api": "v1",
+        "backend": {
+            "scheme": chars.scheme,
+            "cross_process": chars.cross_process,
+            "cross_host": chars.cross_host,
+            "durable": chars.durable,
+            "woken_by_store": chars.woken_by_store,
+            "description": chars.description,
+            "queues": getattr(ctx.client.backend, "queues", None) is not None,
+        },
+        "limits": {
+            "max_wait": config.max_wait,
+            "max_body": config.max_body,
+            "max_name_bytes": validate.MAX_NAME_BYTES,
+            "max_holder_bytes": validate.MAX_HOLDER_BYTES,
+            "min_ttl": validate.MIN_TTL,
+            "max_ttl": validate.MAX_TTL,
+            "max_limit": validate.MAX_LIMIT,
+            "max_payload_bytes": qm.MAX_PAYLOAD_BYTES,
+        },
+        "auth": {"required": not config.tokens.open},
+        "principal": ctx.principal.to_dict(),
+    }
+
+
+async def dashboard_data(ctx: Ctx) -> Any:
+    since = query_int(ctx.request, "since", 0, 0, 2**62)
+    service = ctx.service
+    statuses, truncated = await service.look(ctx.principal, service.config.dashboard_max_names)
+    items = [s.to_dict() for s in statuses]
+    return {
+        "now": time.time(),
+        "principal": ctx.principal.to_dict(),
+        "names": items,
+        "truncated": truncated,
+        "queues": [q.to_dict() for q in await service.queue_stats(ctx.principal, 50)],
+        "events": [e.to_dict() for e in service.events.since(since, ctx.principal)],
+        "cursor": service.events.last_seq,
+        "instance": {"started": service.started, "version": __version__},
+    }
+
+
+async def healthz(service: Service) -> Response:
+    try:
+        await service.client.ping()
+    except Exception as exc:
+        api = from_exception(exc)
+        return JSONResponse(
+            {"status": "unavailable", "error": {"code": api.code, "message": api.message}},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
+    return JSONResponse({"status": "ok", "backend": service.client.characteristics.scheme})
+
+
+QUEUE_GAUGES = (
+    ("turnstile_queue_ready", "ready", "Messages due now, per queue."),
+    ("turnstile_queue_delayed", "delayed", "Messages not yet due, per queue."),
+    ("turnstile_queue_in_flight", "in_flight", "Messages handed out and not settled, per queue."),
+    ("turnstile_queue_dead", "dead", "Dead letters, per queue."),
+)
+
+
+async def metrics(ctx: Ctx) -> Response:
+    gauges: list[Gauge] = []
+    for found in await ctx.service.queue_stats(ctx.principal, 200):
+        labels = (("queue", found.name),)
+        for metric, field, help_text in QUEUE_GAUGES:
+            gauges.append(Gauge(metric, help_text, labels, getattr(found, field)))
+        if found.oldest_age is not None:
+            gauges.append(Gauge(
+                "turnstile_queue_oldest_age_seconds",
+                "Age of the oldest pending message, per queue.",
+                labels,
+                found.oldest_age,
+            ))
+    return PlainTextResponse(
+        ctx.service.metrics.render(gauges),
+        media_type="text/plain; version=0.0.4; charset=utf-8",
+    )
+
+
+# -- assembling the app ----------------------------------------------------------------------
+
+Handler = Callable[[Ctx], Awaitable[Any]]
+
+
+def _endpoint(
+    service: Service, route: str, handler: Handler, query: frozenset[str]
+) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            principal = service.authenticate(request)
+            unknown = sorted(set(request.query_params) - query)
+            if unknown:
+                raise InvalidArgument(
+                    f"unknown query parameter(s) {', '.join(map(repr, unknown))}"
+                    + (f"; accepted: {', '.join(sorted(query))}" if query else "")
+                )
+            result = await handler(Ctx(request, service, principal))
+            response = result if isinstance(result, Response) else JSONResponse(result)
+        except Exception as exc:
+            api = from_exception(exc)
+            response = error_response(api.code, api.message, api.headers)
+        service.metrics.request(request.method, route, response.status_code)
+        return response
+
+    return endpoint
+
+
+def _kind(handler: Callable[[Ctx, str], Awaitable[Any]], kind: str) -> Handler:
+    async def bound(ctx: Ctx) -> Any:
+        return await handler(ctx, kind)
+
+    return bound
+
+
+def create_app(config: ServerConfig | None = None, client: AsyncClient | None = None) -> Starlette:
+    """The ASGI app. Without ``client`` it connects to ``config.url`` on startup."""
+    config = config or ServerConfig()
+    service = Service(config, client)
+    dashboard_html = resources.files("turnstile.server").joinpath("dashboard.html").read_text(
+        "utf-8"
+    )
+    document = openapi.document(config)
+
+    routes: list[Route] = []
+
+    def add(path: str, handler: Handler, methods: list[str], query: tuple[str, ...] = ()) -> None:
+        endpoint = _endpoint(service, path, handler, frozenset(query))
+        routes.append(Route(path, endpoint, methods=methods))
+
+    for kind in locks.KINDS:
+        add(f"/v1/{kind}/acquire", _kind(locks.acquire, kind), ["POST"])
+        add(f"/v1/{kind}/try-acquire", _kind(locks.try_acquire, kind), ["POST"])
+        add(f"/v1/{kind}/renew", _kind(locks.renew, kind), ["POST"])
+        add(f"/v1/{kind}/release", _kind(locks.release, kind), ["POST"])
+        add(f"/v1/{kind}/status", _kind(locks.status, kind), ["GET", "POST"], ("name",))
+    add("/v1/semaphores/wait", _kind(locks.wait, "semaphores"), ["POST"])
+    add("/v1/names", locks.names, ["GET"], ("prefix", "max_count"))
+    add("/v1/info", info, ["GET"])
+    add("/v1/dashboard", dashboard_data, ["GET"], ("since",))
+    add("/v1/admin/force-release", locks.force_release, ["POST"])
+    add("/v1/queues", queues.known, ["GET"])
+    add("/v1/queues/put", queues.put, ["POST"])
+    add("/v1/queues/get", queues.get, ["POST"])
+    add("/v1/queues/claim", queues.claim, ["POST"])
+    add("/v1/queues/ack", queues.ack, ["POST"])
+    add("/v1/queues/nack", queues.nack, ["POST"])
+    add("/v1/queues/extend", queues.extend, ["POST"])
+    add("/v1/queues/stats", queues.stats, ["GET", "POST"], ("queue", "top_keys"))
+    add("/v1/queues/dead", queues.dead, ["GET", "POST"], ("queue", "limit"))
+    add("/v1/admin/requeue-dead", queues.requeue_dead, ["POST"])
+    add("/v1/admin/purge-dead", queues.purge_dead, ["POST"])
+    add("/metrics", metrics, ["GET"])
+
+    async def health(request: Request) -> Response:
+        response = await healthz(service)
+        service.metrics.request(request.method, "/healthz", response.status_code)
+        return response
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(document)
+
+    async def dashboard(request: Request) -> Response:
+        return HTMLResponse(
+            dashboard_html,
+            headers={
+                "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; "
+                "style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "no-referrer",
+                "Cache-Control": "no-store",
+            },
+        )
+
+    routes.append(Route("/healthz", health, methods=["GET"]))
+    routes.append(Route("/openapi.json", openapi_json, methods=["GET"]))
+    routes.append(Route("/", dashboard, methods=["GET"]))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 405:
+            return error_response("method_not_allowed", f"{request.method} is not allowed here")
+        return error_response("not_found", f"no endpoint {request.url.path!r}; see /openapi.json")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    return app
+
+
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_MAX_WAIT", "ServerConfig", "Service", "create_app"]

@@ -1,0 +1,260 @@
+"""``turnstile serve``: run the HTTP service (needs ``pip install 'turnstile[server]'``).
+
+    turnstile serve [--url URL] [--host 127.0.0.1] [--port 8080] [--tokens FILE]
+
+Also runnable as ``python -m turnstile.server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._core.urls import redact, resolve_url
+from ..errors import ConfigurationError, TurnstileError
+from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, DEFAULT_OBSERVE_INTERVAL
+
+# The same codes as every `turnstile` command (docs/cli.md), plus one for the socket.
+EXIT_USAGE = 2  # bad arguments
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the store cannot be reached
+EXIT_OSERR = 71  # EX_OSERR: cannot listen on --host/--port
+EXIT_CONFIG = 78  # EX_CONFIG: bad token file; no tokens on a non-loopback address
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to the ``turnstile`` command line."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the HTTP service, dashboard and metrics",
+        description="Serve the Turnstile HTTP API (/v1), a live dashboard (/), Prometheus "
+        "metrics (/metrics) and /healthz over the store named by --url. Keeps no state of "
+        "its own: run as many instances as you like on one Redis or PostgreSQL.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run, handler=run)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    if not any("--url" in action.option_strings for action in parser._actions):
+        parser.add_argument(
+            "--url",
+            default=None,
+            help="store URL (default: $TURNSTILE_URL, else sqlite:///turnstile.db)",
+        )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8080, help="port; 0 picks a free one (default: 8080)"
+    )
+    parser.add_argument(
+        "--tokens",
+        metavar="FILE",
+        default=None,
+        help="bearer tokens, TOML or JSON (default: $TURNSTILE_TOKENS_FILE, else the document "
+        "in $TURNSTILE_TOKENS; without tokens the service only listens on loopback)",
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=DEFAULT_MAX_WAIT,
+        metavar="S",
+        help=f"longest long poll a request may ask for (default: {DEFAULT_MAX_WAIT:g})",
+    )
+    parser.add_argument(
+        "--max-body",
+        type=int,
+        default=DEFAULT_MAX_BODY,
+        metavar="BYTES",
+        help=f"largest request body (default: {DEFAULT_MAX_BODY})",
+    )
+    parser.add_argument(
+        "--observe-interval",
+        type=float,
+        default=DEFAULT_OBSERVE_INTERVAL,
+        metavar="S",
+        help="seconds between background looks that notice expiries (0: off; default: 2)",
+    )
+    parser.add_argument(
+        "--queue",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a queue to show on the dashboard and in /metrics from the start (repeatable; "
+        "queues used through the service are added as they are used)",
+    )
+    parser.add_argument(
+        "--ready-file",
+        metavar="FILE",
+        default=None,
+        help="write the service's base URL to FILE once it listens (for scripts and tests)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="log level (default: info)",
+    )
+    parser.add_argument(
+        "--no-access-log", action="store_true", help="do not log every request"
+    )
+    parser.add_argument(
+        "--proxy-headers",
+        action="store_true",
+        help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips (behind a TLS proxy)",
+    )
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        default="127.0.0.1",
+        metavar="IPS",
+        help="proxies trusted with --proxy-headers (default: 127.0.0.1)",
+    )
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"turnstile serve: {message}", file=sys.stderr)
+    return code
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind(address)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..aio import connect
+        from .app import create_app
+        from .auth import TokenTable, is_loopback
+        from .config import ServerConfig
+    except ImportError as exc:
+        return _fail(
+            f"the HTTP service needs {exc.name or 'its dependencies'}; "
+            "fix: pip install 'turnstile[server]'",
+            EXIT_CONFIG,
+        )
+    try:
+        tokens = TokenTable.load(args.tokens)
+    except ConfigurationError as exc:
+        return _fail(str(exc), EXIT_CONFIG)
+    if tokens.open and not is_loopback(args.host):
+        return _fail(
+            f"refusing to listen on {args.host!r} without tokens: anyone who can reach it "
+            "could take and release every lock. Give --tokens FILE (or $TURNSTILE_TOKENS), "
+            "or listen on 127.0.0.1",
+            EXIT_CONFIG,
+        )
+    if not 0 <= args.port <= 65535:
+        return _fail(f"--port must be 0 to 65535, got {args.port}")
+    try:
+        config = ServerConfig(
+            url=getattr(args, "url", None),
+            tokens=tokens,
+            max_wait=args.max_wait,
+            max_body=args.max_body,
+            observe_interval=args.observe_interval,
+            queues=tuple(args.queue),
+        )
+    except TurnstileError as exc:
+        return _fail(str(exc))
+    url = resolve_url(getattr(args, "url", None))
+
+    async def main() -> int:
+        try:
+            client = await connect(url)
+            await client.ping()
+        except ConfigurationError as exc:
+            return _fail(f"cannot open the store {redact(url)}: {exc}", EXIT_CONFIG)
+        except TurnstileError as exc:
+            return _fail(f"cannot open the store {redact(url)}: {exc}", EXIT_UNAVAILABLE)
+        try:
+            sock = _bind(args.host, args.port)
+        except OSError as exc:
+            await client.close()
+            return _fail(
+                f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", EXIT_OSERR
+            )
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        base = f"http://{shown}:{port}"
+        app = create_app(config, client)
+        loop = asyncio.get_running_loop()
+        service = app.state.service
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                super().handle_exit(sig, frame)
+                # End long polls at once rather than after the graceful-shutdown timeout.
+                loop.call_soon_threadsafe(service.begin_shutdown)
+
+        server = Server(
+            uvicorn.Config(
+                app,
+                log_level=args.log_level,
+                access_log=not args.no_access_log,
+                timeout_graceful_shutdown=3,
+                server_header=False,
+                proxy_headers=args.proxy_headers,
+                forwarded_allow_ips=args.forwarded_allow_ips,
+            )
+        )
+
+        async def watch() -> None:
+            while not server.started:
+                if server.should_exit:
+                    return
+                await asyncio.sleep(0.01)
+            auth = f"{len(tokens)} token(s)" if not tokens.open else "no tokens (loopback only)"
+            logging.getLogger("turnstile.server").warning(
+                "serving %s on %s with %s; dashboard %s/, API %s/openapi.json",
+                redact(url), base, auth, base, base,
+            )
+            if args.ready_file:
+                path = Path(args.ready_file)
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(base + "\n", "utf-8")
+                os.replace(tmp, path)
+
+        notice = loop.create_task(watch())
+        # uvicorn re-raises the SIGTERM/SIGINT that stopped it once it has shut down; with
+        # these handlers restored by then, that is a no-op and a requested stop exits 0.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda sig, frame: None)
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM
+                              else signal.default_int_handler)
+            notice.cancel()
+            sock.close()
+            await client.close()
+        return 0
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    return asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="turnstile serve", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,354 @@
+"""What every endpoint shares: the per-instance :class:`Service`, the request context
+(:class:`Ctx`: who is asking and what they may do), strict JSON bodies, long polls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from .._core.models import Grant, Status
+from .._core.queue_models import QueueStats
+from ..aio import AsyncClient
+from ..aio import connect as aio_connect
+from ..errors import InvalidArgument, NotSupported
+from .auth import Principal, bearer, is_loopback_host_header
+from .config import ServerConfig
+from .errors import ApiError
+from .metrics import Metrics
+from .observe import Bounded, EventLog, Tracker
+
+log = logging.getLogger("turnstile.server")
+T = TypeVar("T")
+
+MAX_LIST = 10_000
+MAX_KNOWN_QUEUES = 1000
+
+
+class Service:
+    """Everything one instance holds: the client, the token table and its counters."""
+
+    def __init__(self, config: ServerConfig, client: AsyncClient | None = None) -> None:
+        self.config = config
+        self._client = client
+        self._own_client = client is None
+        self.metrics = Metrics()
+        self.events = EventLog(config.event_capacity)
+        self.tracker = Tracker(self.events, self.metrics)
+        self.started = time.time()
+        self.closing = asyncio.Event()  # set when this instance starts shutting down
+        # Queues this instance knows: configured, or used through it (the store keeps no
+        # list of queues). Only for the dashboard and /metrics.
+        self._queues: Bounded[str, None] = Bounded(MAX_KNOWN_QUEUES)
+        for name in config.queues:
+            self._queues.put(name, None)
+        self._observer: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> AsyncClient:
+        if self._client is None:
+            raise ApiError("backend_unavailable", "the service is starting", {"Retry-After": "1"})
+        return self._client
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = await aio_connect(self.config.url)
+        if self.config.observe_interval > 0:
+            self._observer = asyncio.get_running_loop().create_task(
+                self._observe_loop(), name="turnstile-observer"
+            )
+
+    def begin_shutdown(self) -> None:
+        """End every long poll now (acquire answers ``shutting_down``; waits answer "not
+        woken") instead of letting them run out while the server drains."""
+        self.closing.set()
+
+    async def stop(self) -> None:
+        self.begin_shutdown()
+        if self._observer is not None:
+            self._observer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._observer
+        if self._own_client and self._client is not None:
+            await self._client.close()
+
+    async def _observe_loop(self) -> None:
+        everyone = Principal("observer")
+        while True:
+            await asyncio.sleep(self.config.observe_interval)
+            try:
+                await self.look(everyone, self.config.observe_max_names)
+            except Exception as exc:  # the store may be down for a while; keep looking
+                log.debug("background look failed: %s", exc)
+
+    async def look(self, principal: Principal, max_names: int) -> tuple[list[Status], bool]:
+        """Current status of the names ``principal`` may read (at most ``max_names``), fed to
+        the tracker so that expiries and grants made elsewhere become events."""
+        found: set[str] = set()
+        for prefix in principal.listing_prefixes(""):
+            found.update(await self.client.names(prefix, max_names + 1))
+        names = sorted(found)
+        truncated = len(names) > max_names
+        names = names[:max_names]
+        listed = set(names)
+        revisit = [n for n in self.tracker.known_names(principal) if n not in listed]
+        statuses = await _gather(
+            [self.client.status(n) for n in names + revisit[:max_names]], limit=8
+        )
+        for status in statuses:
+            self.tracker.observe(status)
+        return [s for s in statuses if s.holders or s.waiters], truncated
+
+    def queue_seen(self, name: str) -> None:
+        if name not in self._queues:
+            self._queues.put(name, None)
+
+    def known_queues(self, principal: Principal) -> list[str]:
+        return sorted(n for n in self._queues.ordered() if principal.can_read(n))
+
+    async def queue_stats(self, principal: Principal, max_queues: int) -> list[QueueStats]:
+        """Stats of the known queues the principal may read (skipping any that fail)."""
+        names = self.known_queues(principal)[:max_queues]
+
+        async def one(name: str) -> QueueStats | None:
+            try:
+                stats: QueueStats = await self.client.queue(name).stats(5)
+            except NotSupported:
+                return None
+            return stats
+
+        found = await _gather([one(n) for n in names], limit=8)
+        return [s for s in found if s is not None]
+
+    def authenticate(self, request: Request) -> Principal:
+        if self.config.tokens.open and not is_loopback_host_header(
+            request.headers.get("host", "")
+        ):
+            raise ApiError(
+                "forbidden",
+                "this service has no tokens, so it only answers requests addressed to "
+                "localhost or a loopback address (protection against DNS rebinding); "
+                "configure tokens to serve other host names",
+            )
+        presented = bearer(request.headers.get("authorization"))
+        principal = self.config.tokens.authenticate(presented)
+        if principal is None:
+            why = "missing bearer token" if presented is None else "unknown bearer token"
+            raise ApiError(
+                "unauthorized",
+                f"{why}: send 'Authorization: Bearer <token>'",
+                {"WWW-Authenticate": 'Bearer realm="turnstile"'},
+            )
+        return principal
+
+
+async def _gather(coros: list[Coroutine[Any, Any, T]], limit: int) -> list[T]:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coro: Coroutine[Any, Any, T]) -> T:
+        async with gate:
+            return await coro
+
+    return list(await asyncio.gather(*(one(c) for c in coros)))
+
+
+# -- request helpers -------------------------------------------------------------------------
+
+
+class Ctx:
+    """One request: the caller, its body and what it may do."""
+
+    def __init__(self, request: Request, service: Service, principal: Principal) -> None:
+        self.request = request
+        self.service = service
+        self.principal = principal
+        self.client = service.client
+        self.tracker = service.tracker
+
+    async def body(self, allowed: set[str]) -> Body:
+        return await read_body(self.request, self.service.config.max_body, allowed)
+
+    def may_read(self, name: str) -> None:
+        if not self.principal.can_read(name):
+            raise ApiError(
+                "forbidden",
+                f"token {self.principal.name!r} may only use names starting with "
+                f"{_show(self.principal.prefixes)}",
+            )
+
+    def may_write(self, name: str) -> None:
+        self.may_read(name)
+        if self.principal.read_only:
+            raise ApiError("read_only", f"token {self.principal.name!r} is read-only")
+
+    def admin(self) -> None:
+        if not self.principal.admin:
+            raise ApiError("admin_required", f"token {self.principal.name!r} is not an admin")
+
+
+def _show(prefixes: tuple[str, ...]) -> str:
+    return ", ".join(json.dumps(p, ensure_ascii=False) for p in prefixes)
+
+
+def _reject_constant(value: str) -> Any:
+    raise ValueError(f"{value} is not valid JSON")
+
+
+class Body:
+    """A JSON object body with a fixed set of fields; unknown fields are refused."""
+
+    def __init__(self, data: Mapping[str, Any], allowed: set[str]) -> None:
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise InvalidArgument(
+                f"unknown field(s) {', '.join(map(repr, unknown))}; "
+                f"accepted: {', '.join(sorted(allowed))}"
+            )
+        self.data = data
+
+    def required(self, key: str) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            raise InvalidArgument(f"{key} is required")
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
+
+
+async def read_body(request: Request, max_body: int, allowed: set[str]) -> Body:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise ApiError(
+            "unsupported_media_type",
+            "send the body as JSON with 'Content-Type: application/json'",
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ApiError("bad_json", "invalid Content-Length header")
+        if int(declared) > max_body:
+            raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body:
+            raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        message = str(exc) if isinstance(exc, json.JSONDecodeError) else "not valid JSON"
+        raise ApiError("bad_json", f"the body is not valid JSON: {message}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"the body must be a JSON object, got {_json_type(data)}")
+    return Body(data, allowed)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array"
+
+
+def query_int(request: Request, key: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{key} must be an integer from {low} to {high}") from None
+    if not low <= value <= high:
+        raise InvalidArgument(f"{key} must be an integer from {low} to {high}, got {value}")
+    return value
+
+
+def integral(value: Any) -> Any:
+    """JSON has numbers, not ints and floats: ``5.0`` is the integer 5 (as in JSON Schema)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+def bool_field(value: Any, arg: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{arg} must be true or false")
+    return value
+
+
+def new_holder() -> str:
+    return f"http/{secrets.token_hex(8)}"
+
+
+DONE, GONE, CLOSING = "done", "gone", "closing"
+
+
+async def long_poll(
+    request: Request, closing: asyncio.Event, work: Coroutine[Any, Any, T]
+) -> tuple[str, T | None]:
+    """Run ``work`` (a long poll), but cancel it when the client goes away or this instance
+    starts shutting down (so a rolling restart does not wait out every long poll).
+
+    Returns ``(DONE, result)`` normally, else ``(GONE | CLOSING, result_or_None)``: a result
+    produced anyway is returned so the caller can undo it."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watchers = {asyncio.ensure_future(gone()): GONE, asyncio.ensure_future(closing.wait()): CLOSING}
+    try:
+        await asyncio.wait({task, *watchers}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        for watcher in watchers:
+            watcher.cancel()
+        raise
+    for watcher in watchers:
+        watcher.cancel()
+    if task.done():
+        return DONE, task.result()
+    outcome = next(v for w, v in watchers.items() if w.done() and not w.cancelled())
+    task.cancel()
+    try:
+        return outcome, await task
+    except (asyncio.CancelledError, Exception):
+        return outcome, None
+
+
+def shutting_down() -> ApiError:
+    return ApiError(
+        "shutting_down",
+        "this instance is shutting down; the request was abandoned (nothing is held); retry",
+        {"Retry-After": "1"},
+    )
+
+
+def lease_dict(grant: Grant, now: float) -> dict[str, Any]:
+    return {
+        "name": grant.name,
+        "holder": grant.holder,
+        "token": grant.token,
+        "acquired_at": grant.acquired_at,
+        "expires_at": grant.expires_at,
+        "expires_in": round(max(0.0, grant.expires_at - now), 6),
+    }

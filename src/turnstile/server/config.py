@@ -1,0 +1,43 @@
+"""How one service instance serves (no dependencies beyond the standard library, so the
+command line can describe its options without importing the web stack)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import InvalidArgument
+from .auth import TokenTable
+
+DEFAULT_MAX_WAIT = 50.0  # seconds; below the 60 s an AWS Step Functions HTTP task waits
+DEFAULT_MAX_BODY = 1024 * 1024  # bytes; room for a 256 KiB queue payload, JSON-escaped
+DEFAULT_OBSERVE_INTERVAL = 2.0
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How one instance serves. ``url`` names the store (default ``$TURNSTILE_URL``)."""
+
+    url: str | None = None
+    tokens: TokenTable = field(default_factory=TokenTable)
+    max_wait: float = DEFAULT_MAX_WAIT  # longest long poll (acquire ``wait``, queue get)
+    max_body: int = DEFAULT_MAX_BODY  # bytes
+    observe_interval: float = DEFAULT_OBSERVE_INTERVAL  # background looks; 0 = off
+    observe_max_names: int = 500
+    dashboard_max_names: int = 200
+    event_capacity: int = 1000
+    queues: tuple[str, ...] = ()  # queues to show on the dashboard and in /metrics from start
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_wait <= 3600:
+            raise InvalidArgument(
+                f"max_wait must be between 1 and 3600 seconds, got {self.max_wait}"
+            )
+        if not 8 * 1024 <= self.max_body <= 64 * 1024 * 1024:
+            raise InvalidArgument(
+                f"max_body must be between 8192 and 67108864 bytes, got {self.max_body}"
+            )
+        if not (self.observe_interval == 0 or 0.1 <= self.observe_interval <= 3600):
+            raise InvalidArgument(
+                "observe_interval must be 0 (off) or 0.1 to 3600 seconds, "
+                f"got {self.observe_interval}"
+            )

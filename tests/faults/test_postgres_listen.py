@@ -1,0 +1,148 @@
+"""The LISTEN connection: when it drops, waiters are woken to re-check and it reconnects, so a
+hand-over whose NOTIFY was lost still reaches its waiter at once; without any LISTEN
+connection (listen=off, or an unreachable listen_url) waiters poll with a short backoff."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import turnstile
+
+from ._pgcluster import Cluster
+from ._util import schema_url, unique
+
+pytestmark = pytest.mark.postgres
+
+
+def _blocked_acquire(lock: Any, out: dict[str, Any]) -> threading.Thread:
+    def run() -> None:
+        try:
+            lease = lock.acquire(timeout=30)
+            out["at"] = time.monotonic()
+            out["token"] = lease.token
+            lease.release()
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _wait_for(predicate: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def _terminate(server: str, application_name: str) -> int:
+    with psycopg.connect(server, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s",
+            (application_name,),
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.parametrize("release_while_down", [True, False])
+def test_dropped_listen_connection(pg_cluster: Cluster, release_while_down: bool) -> None:
+    uid = unique()
+    app = f"ttlisten-{uid}"
+    holder_client = turnstile.connect(schema_url(pg_cluster.url, uid))
+    client = turnstile.connect(schema_url(pg_cluster.url, uid, application_name=app))
+    try:
+        name = "listen:drop"
+        assert holder_client.lock(name, ttl=30).try_acquire("first").acquired
+        out: dict[str, Any] = {}
+        thread = _blocked_acquire(client.lock(name, ttl=30), out)
+        listener = client.backend.listener  # type: ignore[attr-defined]
+        _wait_for(lambda: listener.up and holder_client.lock(name).status().waiters,
+                  "the waiter never listened and joined the line")
+        assert listener.connects == 1
+        assert _terminate(pg_cluster.url, app + ":listen") == 1
+        if not release_while_down:
+            _wait_for(lambda: listener.connects == 2 and listener.up, "no reconnection")
+        released = time.monotonic()
+        assert holder_client.lock(name).release("first")
+        thread.join(30)
+        assert "error" not in out, out.get("error")
+        # Far sooner than the waiter's own heartbeat (wait_ttl / 3 = 1.7 s).
+        assert out["at"] - released < 0.5, out["at"] - released
+        _wait_for(lambda: listener.connects == 2 and listener.up, "no reconnection")
+    finally:
+        client.close()
+        holder_client.close()
+
+
+@pytest.mark.parametrize("how", ["listen=off", "unreachable listen_url"])
+def test_waiters_without_listen_poll(pg_cluster: Cluster, how: str) -> None:
+    uid = unique()
+    params = (
+        {"listen": "off"}
+        if how == "listen=off"
+        else {"listen_url": "postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=1"}
+    )
+    holder_client = turnstile.connect(schema_url(pg_cluster.url, uid))
+    client = turnstile.connect(schema_url(pg_cluster.url, uid, **params))
+    try:
+        name = "listen:none"
+        for _ in range(3):
+            assert holder_client.lock(name, ttl=30).try_acquire("first").acquired
+            out: dict[str, Any] = {}
+            thread = _blocked_acquire(client.lock(name, ttl=30), out)
+            _wait_for(lambda: holder_client.lock(name).status().waiters, "no waiter")
+            time.sleep(0.5)  # let the waiter's backoff grow to its cap
+            released = time.monotonic()
+            assert holder_client.lock(name).release("first")
+            thread.join(30)
+            assert "error" not in out, out.get("error")
+            assert out["at"] - released < 0.5, out["at"] - released
+        listener = client.backend.listener  # type: ignore[attr-defined]
+        assert listener is None if how == "listen=off" else not listener.up
+    finally:
+        client.close()
+        holder_client.close()
+
+
+async def test_async_listener_reconnects(pg_cluster: Cluster) -> None:
+    """The async flavour: the LISTEN task survives a dropped connection; a waiter blocked in
+    ``await lock.acquire()`` still gets the hand-over at once."""
+    import asyncio
+
+    import turnstile.aio
+
+    uid = unique()
+    app = f"ttalisten-{uid}"
+    holder_client = await turnstile.aio.connect(schema_url(pg_cluster.url, uid))
+    client = await turnstile.aio.connect(schema_url(pg_cluster.url, uid, application_name=app))
+    try:
+        name = "alisten"
+        assert (await holder_client.lock(name, ttl=30).try_acquire("first")).acquired
+        waiting = asyncio.ensure_future(client.lock(name, ttl=30).acquire(timeout=30))
+        listener = client.backend.listener  # type: ignore[attr-defined]
+        for _ in range(2000):
+            if listener.up and (await holder_client.lock(name).status()).waiters:
+                break
+            await asyncio.sleep(0.01)
+        assert listener.up
+        await asyncio.to_thread(_terminate, pg_cluster.url, app + ":listen")
+        released = time.monotonic()
+        assert await holder_client.lock(name).release("first")
+        lease = await asyncio.wait_for(waiting, 30)
+        assert time.monotonic() - released < 0.5
+        await lease.release()
+        for _ in range(500):
+            if listener.connects >= 2 and listener.up:
+                break
+            await asyncio.sleep(0.01)
+        assert listener.connects >= 2 and listener.up
+    finally:
+        await client.close()
+        await holder_client.close()

@@ -1,0 +1,198 @@
+"""Queue endpoints against a real `turnstile serve` process on every backend row."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import Api, Served
+
+
+@pytest.fixture(autouse=True)
+def _queues_supported(served: Served) -> None:
+    """Queues join each backend as it gets them; a store without them answers 501."""
+    api = served.api()
+    backend = api.ok("/v1/info")["backend"]
+    api.close()
+    if not backend["queues"]:
+        pytest.skip(f"the {served.backend} backend has no queues (yet)")
+
+
+def put(api: Api, queue: str, payload: Any, **extra: Any) -> dict[str, Any]:
+    result: dict[str, Any] = api.ok("/v1/queues/put", {"queue": queue, "payload": payload,
+                                                       **extra})
+    return result
+
+
+def get(api: Api, queue: str, **extra: Any) -> dict[str, Any] | None:
+    message: dict[str, Any] | None = api.ok("/v1/queues/get", {"queue": queue, **extra})[
+        "message"
+    ]
+    return message
+
+
+def test_put_get_ack_in_key_order(served: Served) -> None:
+    api = served.api()
+    first = put(api, "q", {"order": 1, "event": "created"}, key="order-1")
+    second = put(api, "q", {"order": 1, "event": "paid"}, key="order-1")
+    other = put(api, "q", [1, 2, 3], key="order-2")
+    assert first["created"] and first["id"] != second["id"]
+    m1 = get(api, "q")
+    assert m1 is not None and m1["id"] == first["id"]
+    assert m1["payload"] == {"order": 1, "event": "created"} and m1["payload_base64"] is None
+    assert m1["attempt"] == 1 and m1["key"] == "order-1"
+    # order-1 has a message in flight: the next deliverable one is order-2's.
+    m2 = get(api, "q")
+    assert m2 is not None and m2["id"] == other["id"]
+    assert get(api, "q") is None
+    stats = api.ok("/v1/queues/stats", {"queue": "q"})
+    assert (stats["ready"], stats["in_flight"], stats["dead"]) == (1, 2, 0)
+    assert api.ok("/v1/queues/ack", {"queue": "q", "id": m1["id"], "receipt": m1["receipt"]}) == {
+        "acked": True
+    }
+    assert not api.ok("/v1/queues/ack", {"queue": "q", "id": m1["id"],
+                                         "receipt": m1["receipt"]})["acked"]
+    m3 = get(api, "q")
+    assert m3 is not None and m3["id"] == second["id"]
+    by_get = api.get("/v1/queues/stats", params={"queue": "q", "top_keys": 1})
+    assert by_get.status_code == 200 and by_get.json()["in_flight"] == 2
+    assert api.ok("/v1/queues")["queues"] == ["q"]
+    api.close()
+
+
+def test_bytes_dedup_delay_nack_extend_and_dead_letters(served: Served) -> None:
+    api = served.api()
+    raw = bytes(range(256))
+    put(api, "b", None)  # a JSON null payload is a payload
+    sent = api.ok("/v1/queues/put", {"queue": "b", "payload_base64": base64.b64encode(raw)
+                                     .decode(), "dedup_id": "d-1"})
+    again = api.ok("/v1/queues/put", {"queue": "b", "payload_base64": "AAAA",
+                                      "dedup_id": "d-1"})
+    assert again == {**again, "id": sent["id"], "created": False}
+    null = get(api, "b")
+    assert null is not None and null["payload"] is None and null["payload_base64"] is None
+    message = get(api, "b")
+    assert message is not None and base64.b64decode(message["payload_base64"]) == raw
+    extended = api.ok("/v1/queues/extend", {"queue": "b", "id": message["id"],
+                                            "receipt": message["receipt"], "seconds": 60})
+    assert extended["extended"] and extended["deadline"] > message["deadline"]
+    # nack: delivered again, attempt 2; with max_attempts 2 the next nack dead-letters it.
+    assert api.ok("/v1/queues/nack", {"queue": "b", "id": message["id"],
+                                      "receipt": message["receipt"]})["nacked"]
+    retry = get(api, "b", max_attempts=2)
+    assert retry is not None and retry["id"] == message["id"] and retry["attempt"] == 2
+    assert api.ok("/v1/queues/nack", {"queue": "b", "id": retry["id"],
+                                      "receipt": retry["receipt"], "error": "boom"})["nacked"]
+    dead = api.ok("/v1/queues/dead", {"queue": "b"})["dead_letters"]
+    assert [(d["id"], d["attempts"], d["error"]) for d in dead] == [(message["id"], 2, "boom")]
+    assert base64.b64decode(dead[0]["payload_base64"]) == raw
+    assert api.get("/v1/queues/dead", params={"queue": "b", "limit": 1}).json() == {
+        "dead_letters": dead
+    }
+    # A delayed message is not delivered before it is due.
+    put(api, "d", "later", delay=0.5)
+    assert get(api, "d") is None
+    time.sleep(0.6)
+    due = get(api, "d")
+    assert due is not None and due["payload"] == "later"
+    # Admin only: requeue and purge.
+    tenant = served.api("writer")
+    tenant.error(tenant.post("/v1/admin/requeue-dead", {"queue": "b"}), 403, "admin_required")
+    assert api.ok("/v1/admin/requeue-dead", {"queue": "b"}) == {"requeued": 1}
+    back = get(api, "b")
+    assert back is not None and back["id"] == message["id"] and back["attempt"] == 1
+    api.ok("/v1/queues/nack", {"queue": "b", "id": back["id"], "receipt": back["receipt"]})
+    again_dead = get(api, "b", max_attempts=1)
+    assert again_dead is not None
+    api.ok("/v1/queues/nack", {"queue": "b", "id": again_dead["id"],
+                               "receipt": again_dead["receipt"]})
+    assert api.ok("/v1/admin/purge-dead", {"queue": "b", "ids": [message["id"]]}) == {
+        "purged": 1
+    }
+    assert api.ok("/v1/queues/stats", {"queue": "b"})["dead"] == 0
+    tenant.close()
+    api.close()
+
+
+def test_long_poll_get_is_woken_by_a_put(served: Served) -> None:
+    api = served.api()
+    got: dict[str, Any] = {}
+
+    def consumer() -> None:
+        with httpx.Client(base_url=served.server.base, headers=api.http.headers,
+                          timeout=30) as mine:
+            response = mine.post("/v1/queues/get", json={"queue": "w", "wait": 8})
+            got["message"] = response.json()["message"]
+            got["at"] = time.monotonic()
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive()
+    sent_at = time.monotonic()
+    put(api, "w", "wake up")
+    thread.join(10)
+    assert got["message"]["payload"] == "wake up"
+    assert got["at"] - sent_at < 2.0  # woken by the store, not by the end of the wait
+
+    # A consumer that gives up (disconnects) takes nothing with it.
+    gone = httpx.Client(base_url=served.server.base, headers=api.http.headers, timeout=0.5)
+    with pytest.raises(httpx.ReadTimeout):
+        gone.post("/v1/queues/get", json={"queue": "w2", "wait": 9})
+    gone.close()
+    time.sleep(0.3)
+    put(api, "w2", "for the next one")
+    message = get(api, "w2", wait=2)
+    assert message is not None and message["attempt"] == 1
+    api.close()
+
+
+def test_queue_tenants_and_bad_input(served: Served) -> None:
+    a = served.api("tenant-a")
+    b = served.api("tenant-b")
+    reader = served.api("reader-a")
+    put(a, "a:jobs", 1)
+    b.error(b.post("/v1/queues/put", {"queue": "a:jobs", "payload": 1}), 403, "forbidden")
+    b.error(b.post("/v1/queues/get", {"queue": "a:jobs"}), 403, "forbidden")
+    b.error(b.post("/v1/queues/stats", {"queue": "a:jobs"}), 403, "forbidden")
+    reader.error(reader.post("/v1/queues/get", {"queue": "a:jobs"}), 403, "read_only")
+    assert reader.ok("/v1/queues/stats", {"queue": "a:jobs"})["ready"] == 1
+    put(b, "b:jobs", 2)
+    assert a.ok("/v1/queues")["queues"] == ["a:jobs"]
+    assert b.ok("/v1/queues")["queues"] == ["b:jobs"]
+    assert [q["name"] for q in b.ok("/v1/dashboard")["queues"]] == ["b:jobs"]
+    metrics = b.get("/metrics").text
+    assert 'turnstile_queue_ready{queue="b:jobs"} 1' in metrics
+    assert "a:jobs" not in metrics
+    for body, expected in [
+        ({"queue": "a:q"}, "exactly one of payload"),
+        ({"queue": "a:q", "payload": 1, "payload_base64": "AAAA"}, "exactly one of payload"),
+        ({"queue": "a:q", "payload_base64": "not base64!"}, "not valid base64"),
+        ({"queue": "a:q", "payload": "x" * (256 * 1024)}, "256 KiB"),
+        ({"queue": "a:q", "payload": 1, "key": "k" * 1025}, "key must be 1 to 1024"),
+        ({"queue": "a:q", "payload": 1, "key": 5}, "key must be a string"),
+        ({"queue": "a:q", "payload": 1, "delay": -1}, "delay must be between"),
+        ({"queue": "a:q", "payload": 1, "max_attempts": 0}, "max_attempts must be between"),
+        ({"queue": "a:q", "payload": 1, "extra": 0}, "unknown field(s) 'extra'"),
+        ({"payload": 1}, "queue is required"),
+    ]:
+        message = a.error(a.post("/v1/queues/put", body), 422, "invalid_argument")
+        assert expected in message, (body, message)
+    for path, body, expected in [
+        ("/v1/queues/get", {"queue": "a:q", "wait": 11}, "wait must be between 0 and 10"),
+        ("/v1/queues/get", {"queue": "a:q", "visibility_timeout": 0}, "visibility_timeout"),
+        ("/v1/queues/get", {"queue": "a:q", "concurrency": 0}, "concurrency must be between"),
+        ("/v1/queues/ack", {"queue": "a:q", "id": "x"}, "receipt is required"),
+        ("/v1/queues/extend", {"queue": "a:q", "id": "x", "receipt": "r", "seconds": 0},
+         "seconds must be between"),
+        ("/v1/queues/stats", {"queue": "a:q", "top_keys": 0}, "top_keys must be between"),
+    ]:
+        message = a.error(a.post(path, body), 422, "invalid_argument")
+        assert expected in message, (path, body, message)
+    for api in (a, b, reader):
+        api.close()

@@ -1,0 +1,101 @@
+"""postgresql:// URLs: Turnstile's parameters split off, libpq's passed through, defaults
+added, passwords never shown, bad values refused with ConfigurationError."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+
+pytest.importorskip("psycopg")
+
+from turnstile import ConfigurationError
+from turnstile.backends import postgres_sql as pg
+
+
+def parse(url: str) -> pg.PostgresConfig:
+    return pg.parse_url(url, urlsplit(url))
+
+
+def query(conninfo: str) -> dict[str, str]:
+    return dict(parse_qsl(urlsplit(conninfo).query))
+
+
+def test_defaults_and_pass_through() -> None:
+    c = parse("postgres://u:pw@h:5433/db?sslmode=require")
+    assert c.schema == "turnstile" and (c.pool_min, c.pool_max) == (1, 10)
+    assert c.retry_timeout == pg.DEFAULT_RETRY_TIMEOUT
+    assert c.conninfo.startswith("postgres://u:pw@h:5433/db?")
+    assert query(c.conninfo) == {
+        "sslmode": "require", "connect_timeout": "5", "application_name": "turnstile"
+    }
+    assert c.listen_conninfo is not None
+    assert query(c.listen_conninfo)["application_name"] == "turnstile:listen"
+
+
+def test_turnstile_parameters_are_removed() -> None:
+    c = parse(
+        "postgresql://h/db?schema=My%20Schema&pool_min=0&pool_max=3&retry_timeout=0"
+        "&application_name=app&connect_timeout=2"
+    )
+    assert (c.schema, c.pool_min, c.pool_max, c.retry_timeout) == ("My Schema", 0, 3, 0.0)
+    assert query(c.conninfo) == {"application_name": "app", "connect_timeout": "2"}
+    assert c.connect_timeout == 2.0
+    assert c.listen_conninfo is not None
+    assert query(c.listen_conninfo)["application_name"] == "app:listen"
+
+
+def test_listen_options() -> None:
+    assert parse("postgresql://h/db?listen=off").listen_conninfo is None
+    c = parse("postgresql://pool/db?listen_url=postgresql%3A%2F%2Fdirect%3A5432%2Fdb%3Fschema%3Dx")
+    assert c.listen_conninfo is not None
+    assert urlsplit(c.listen_conninfo).netloc == "direct:5432"
+    assert "schema" not in query(c.listen_conninfo)
+
+
+def test_passwords_are_never_displayed() -> None:
+    c = parse(
+        "postgresql://u:s3cret@h/db?password=other-pw"
+        "&listen_url=postgresql%3A%2F%2Fu%3Alisten-pw%40d%2Fdb"
+    )
+    for secret in ("s3cret", "other-pw", "listen-pw"):
+        assert secret not in c.display
+        assert c.scrub(f"error mentioning {secret}") == "error mentioning ***"
+
+
+def test_channels_and_keys() -> None:
+    assert pg.channel_for("turnstile") == "turnstile.turnstile"
+    odd = pg.channel_for('We"ird; schema')
+    assert odd.startswith("turnstile.") and len(odd) <= 63 and '"' not in odd
+    assert pg.wake_key("ab", "c") != pg.wake_key("a", "bc")
+    assert len(pg.wake_key("x" * 4096, "y" * 1024)) == 32
+    assert pg.render("__SCHEMA__.t", 'a"b') == '"a""b".t'
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        "schema=",
+        "schema=" + "x" * 64,
+        "pool_min=-1",
+        "pool_max=0",
+        "pool_max=abc",
+        "pool_min=4&pool_max=2",
+        "retry_timeout=-1",
+        "retry_timeout=inf",
+        "retry_timeout=x",
+        "listen=sometimes",
+        "listen_url=http://x",
+        "schema=a&schema=b",
+    ],
+)
+def test_bad_parameters(params: str) -> None:
+    with pytest.raises(ConfigurationError):
+        parse("postgresql://u:pw@h/db?" + params)
+
+
+def test_queries_and_migrations_load() -> None:
+    assert {"acquire", "release", "renew", "status", "names", "ping"} <= set(pg.QUERIES)
+    assert [v for v, _, _ in pg.MIGRATIONS] == list(range(1, pg.SCHEMA_VERSION + 1))
+    for text in pg.QUERIES.values():
+        assert "--" not in text.split("\n", 1)[0]
