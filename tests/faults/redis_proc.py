@@ -99,6 +99,7 @@ class RedisProcess:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 log = (self.folder / "redis.log").read_text(errors="replace")[-2000:]
+                self.kill()  # never leave a half-started server behind
                 raise RuntimeError(f"redis-server did not start: {log}")
             time.sleep(0.02)
 
@@ -120,8 +121,8 @@ class RedisProcess:
 @contextlib.contextmanager
 def redis_process(folder: Path, *options: str) -> Iterator[RedisProcess]:
     server = RedisProcess(folder, *options)
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.kill()
