@@ -39,6 +39,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port p <= 55535 whose cluster bus port p + 10000 is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 class RedisProcess:
     """One redis-server of our own. ``kill()`` is kill -9; ``start()`` again reuses the
     port and folder, so an append-only file is read back."""
@@ -84,6 +99,7 @@ class RedisProcess:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 log = (self.folder / "redis.log").read_text(errors="replace")[-2000:]
+                self.kill()  # never leave a half-started server behind
                 raise RuntimeError(f"redis-server did not start: {log}")
             time.sleep(0.02)
 
@@ -105,8 +121,8 @@ class RedisProcess:
 @contextlib.contextmanager
 def redis_process(folder: Path, *options: str) -> Iterator[RedisProcess]:
     server = RedisProcess(folder, *options)
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.kill()
@@ -205,3 +221,80 @@ def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.01
             return True
         time.sleep(step)
     return predicate()
+
+
+@contextlib.contextmanager
+def redis_cluster(folder: Path, masters: int = 3) -> Iterator[list[RedisProcess]]:
+    """A Redis Cluster of our own: ``masters`` nodes, no replicas, slots split evenly."""
+    nodes = []
+    try:
+        for i in range(masters):
+            node = RedisProcess(
+                folder / f"node{i}",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(folder / f"node{i}" / "nodes.conf"),
+                "--cluster-node-timeout",
+                "5000",
+                "--appendonly",
+                "no",
+            )
+            node.port = free_cluster_port()
+            nodes.append(node)
+            node.start()
+        per = 16384 // masters
+        for i, node in enumerate(nodes):
+            last = 16383 if i == masters - 1 else (i + 1) * per - 1
+            with contextlib.closing(node.admin()) as r:
+                r.execute_command("CLUSTER", "ADDSLOTS", *range(i * per, last + 1))
+                for other in nodes:
+                    if other is not node:
+                        r.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port)
+
+        def ready() -> bool:
+            for node in nodes:
+                with contextlib.closing(node.admin()) as r:
+                    info = r.execute_command("CLUSTER", "INFO")
+                    text = info.decode() if isinstance(info, bytes) else str(info)
+                    if "cluster_state:ok" not in text:
+                        return False
+                    if len(r.execute_command("CLUSTER", "NODES").splitlines()) < masters:
+                        return False
+            return True
+
+        if not wait_until(ready, 30, 0.1):
+            raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+        time.sleep(0.5)  # every node sees every slot assigned
+        yield nodes
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def move_slot(nodes: list[RedisProcess], slot: int) -> tuple[RedisProcess, RedisProcess]:
+    """Reshard one slot, keys and all, from its owner to another master (as
+    ``redis-cli --cluster reshard`` does). Returns (source, destination)."""
+    ids = {}
+    owner = None
+    for node in nodes:
+        with contextlib.closing(node.admin()) as r:
+            ids[node.port] = r.execute_command("CLUSTER", "MYID").decode()
+    with contextlib.closing(nodes[0].admin()) as r:
+        for start, end, master, *_ in r.execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                owner = next(n for n in nodes if n.port == int(master[1]))
+    assert owner is not None
+    target = next(n for n in nodes if n is not owner)
+    with contextlib.closing(target.admin()) as dst, contextlib.closing(owner.admin()) as src:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner.port])
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
+        while True:
+            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            if not keys:
+                break
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        for node in nodes:
+            with contextlib.closing(node.admin()) as r:
+                r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
+    return owner, target

@@ -330,3 +330,19 @@ def test_an_answer_nobody_took_is_never_reused(server: RedisProcess) -> None:
         assert client.lock("job").status().holders == ()
     finally:
         client.close()
+
+
+def test_url_options_reach_the_driver(server: RedisProcess) -> None:
+    client = turnstile.connect(
+        server.url + "?prefix=tt-opts:&client_name=turnstile-test&socket_timeout=3"
+        "&socket_connect_timeout=2&health_check_interval=5&max_connections=20"
+    )
+    try:
+        client.lock("x").acquire(timeout=1).release()
+        with server.admin() as admin:
+            names = [c.get("name") for c in admin.client_list()]
+        assert "turnstile-test" in names
+        assert client.characteristics.cross_host and client.characteristics.woken_by_store
+        assert "no append-only file" in client.characteristics.description
+    finally:
+        client.close()

@@ -108,6 +108,8 @@ class AsyncRedisWaiter:
             # Redis reads the timeout in milliseconds and 0 means forever: round up.
             block = max(0.001, min(left, common.MAX_BLOCK))
             block = int(block * 1000 + 0.999) / 1000
+            if self._step is None:  # the caller's step may come after open_waiter
+                self._step = self._backend._waiting_steps.pop((self._name, self._holder), None)
             cancels = _compat.cancel_count()
             try:
                 client = self._backend._blocking_client(self._key)

@@ -1,0 +1,60 @@
+"""A Redis Cluster of the test's own, resharded under a blocked waiter: the name's keys move
+to another master while one process holds the lock and another waits for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from redis.crc import key_slot
+
+import turnstile
+from turnstile.backends import redis_common
+
+from .redis_proc import move_slot, redis_cluster, wait_until
+
+pytestmark = [pytest.mark.redis_cluster, pytest.mark.slow]
+
+
+def test_waiter_follows_its_name_to_another_master(tmp_path: Path) -> None:
+    with redis_cluster(tmp_path) as nodes:
+        url = f"redis+cluster://127.0.0.1:{nodes[0].port}?prefix=tt-reshard:"
+        client = turnstile.connect(url)
+        waiter_client = turnstile.connect(url)
+        try:
+            lock = client.lock("order:{7}", ttl=10)
+            holder = lock.acquire(timeout=2)
+            got: dict[str, float | int] = {}
+
+            def wait() -> None:
+                lease = waiter_client.lock("order:{7}", ttl=10).acquire(timeout=20)
+                got["at"] = time.monotonic()
+                got["token"] = lease.token
+                lease.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            assert wait_until(lambda: bool(lock.status().waiters), 10)
+            time.sleep(0.2)  # blocked in BLPOP on the old master
+
+            slot = key_slot(redis_common.key_base("tt-reshard:", "order:{7}").encode())
+            source, target = move_slot(nodes, slot)
+            assert source.port != target.port
+            # The line survived the move: same holder, same waiter.
+            status = lock.status()
+            assert [h.token for h in status.holders] == [holder.token]
+            assert len(status.waiters) == 1
+
+            released_at = time.monotonic()
+            assert holder.release()
+            thread.join(20)
+            assert not thread.is_alive()
+            assert int(got["token"]) > holder.token
+            # Woken on the new master (after one MOVED answer), not after its heartbeat.
+            assert got["at"] - released_at < 1.5
+            assert lock.status().holders == ()
+        finally:
+            client.close()
+            waiter_client.close()
