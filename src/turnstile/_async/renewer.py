@@ -44,6 +44,9 @@ class AsyncRenewer:
         self._wake = _compat.Event()
         self._handle: _compat.Handle | None = None
         self._inflight = 0
+        # When the renewer will look at the heap again by itself (None: it is busy and will
+        # look before sleeping). An add() due earlier wakes it; any other add() needs not.
+        self._sleep_until: float | None = None
         self._pid = os.getpid()
         # unasync: async-only
         self._tasks: set[asyncio.Task[None]] = set()
@@ -56,10 +59,13 @@ class AsyncRenewer:
         with self._lock:
             if self._closed:
                 return
-            self._push(lease, time.monotonic() + delay)
+            due = time.monotonic() + delay
+            self._push(lease, due)
             if self._handle is None or not _compat.alive(self._handle):
+                self._sleep_until = None
                 self._handle = _compat.spawn(self._run, "turnstile-renewer")
-            elif self._heap[0][2] is lease:
+            elif self._sleep_until is not None and due < self._sleep_until:
+                self._sleep_until = due
                 self._wake.set()
 
     def discard(self, lease: AsyncLease) -> None:
@@ -117,6 +123,7 @@ class AsyncRenewer:
                 if self._closed or self._pid != os.getpid():
                     return
                 self._wake.clear()
+                self._sleep_until = None
                 due, wait = self._take_due()
                 self._inflight += len(due)
                 if due or wait is not None or self._inflight:
@@ -129,6 +136,8 @@ class AsyncRenewer:
                         self._handle = None  # add() starts a new one
                         return
                     wait = idle_until - now
+                if not due:
+                    self._sleep_until = time.monotonic() + (3600.0 if wait is None else wait)
             for lease in due:
                 # unasync: async-only
                 task = asyncio.get_running_loop().create_task(self._renew_one(lease))

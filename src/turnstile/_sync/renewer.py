@@ -41,6 +41,9 @@ class Renewer:
         self._wake = _compat.Event()
         self._handle: _compat.Handle | None = None
         self._inflight = 0
+        # When the renewer will look at the heap again by itself (None: it is busy and will
+        # look before sleeping). An add() due earlier wakes it; any other add() needs not.
+        self._sleep_until: float | None = None
         self._pid = os.getpid()
 
     def add(self, lease: Lease, delay: float) -> None:
@@ -50,10 +53,13 @@ class Renewer:
         with self._lock:
             if self._closed:
                 return
-            self._push(lease, time.monotonic() + delay)
+            due = time.monotonic() + delay
+            self._push(lease, due)
             if self._handle is None or not _compat.alive(self._handle):
+                self._sleep_until = None
                 self._handle = _compat.spawn(self._run, "turnstile-renewer")
-            elif self._heap[0][2] is lease:
+            elif self._sleep_until is not None and due < self._sleep_until:
+                self._sleep_until = due
                 self._wake.set()
 
     def discard(self, lease: Lease) -> None:
@@ -111,6 +117,7 @@ class Renewer:
                 if self._closed or self._pid != os.getpid():
                     return
                 self._wake.clear()
+                self._sleep_until = None
                 due, wait = self._take_due()
                 self._inflight += len(due)
                 if due or wait is not None or self._inflight:
@@ -123,6 +130,8 @@ class Renewer:
                         self._handle = None  # add() starts a new one
                         return
                     wait = idle_until - now
+                if not due:
+                    self._sleep_until = time.monotonic() + (3600.0 if wait is None else wait)
             for lease in due:
                 self._renew_one(lease)  # one at a time, earliest due first
             if due:
