@@ -159,19 +159,21 @@ class SQLiteStore:
         state = model.NameState(limit=row[0] if row else 1)
         if row is None:
             return state
-        # Holders (kind 0) and the line in order (kind 1) in one statement.
-        for r in conn.execute(
-            "SELECT 0, holder, token, acquired_at, expires_at, claimed, 0 FROM turnstile_holders"
-            " WHERE name = ?1"
-            " UNION ALL SELECT 1, holder, ttl, wait_ttl, joined_at, expires_at, seq"
-            " FROM turnstile_waiters WHERE name = ?1"
-            " ORDER BY 1, 7, 2",
+        # (One UNION ALL query for both measured slower: its ORDER BY needs a sort.)
+        for h in conn.execute(
+            "SELECT holder, token, acquired_at, expires_at, claimed FROM turnstile_holders"
+            " WHERE name = ?",
             (name,),
         ):
-            if r[0] == 0:
-                state.holders[r[1]] = model.HolderRow(r[1], r[2], r[3], r[4], bool(r[5]))
-            else:
-                state.waiters.append(model.WaiterRow(r[1], r[2], r[3], r[4], r[5]))
+            state.holders[h[0]] = model.HolderRow(h[0], h[1], h[2], h[3], bool(h[4]))
+        state.waiters = [
+            model.WaiterRow(*w)
+            for w in conn.execute(
+                "SELECT holder, ttl, wait_ttl, joined_at, expires_at FROM turnstile_waiters"
+                " WHERE name = ? ORDER BY seq",
+                (name,),
+            )
+        ]
         return state
 
     @staticmethod
