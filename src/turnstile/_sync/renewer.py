@@ -68,9 +68,11 @@ class Renewer:
             if lease._renew_seq is not None:
                 lease._renew_seq = None
                 self._stale += 1
-                if _compat.RENEWER_IDLE == 0 and self._stale >= len(self._heap):
-                    self._wake.set()  # nothing left to renew: let the task end now
-                if self._stale > 64 and self._stale * 2 > len(self._heap):
+                if self._stale >= len(self._heap) and _compat.RENEWER_IDLE == 0:
+                    self._heap = []  # nothing left to renew: let the task end now
+                    self._stale = 0
+                    self._wake.set()
+                elif self._stale > 64 and self._stale * 2 > len(self._heap):
                     self._heap = [e for e in self._heap if e[2]._renew_seq == e[1]]
                     heapq.heapify(self._heap)
                     self._stale = 0
@@ -88,13 +90,15 @@ class Renewer:
         heap = self._heap
         while heap:
             when, seq, lease = heap[0]
-            if lease._renew_seq != seq:  # discarded
-                heapq.heappop(heap)
-                self._stale = max(0, self._stale - 1)
-                continue
+            # Entries of released leases are dropped only once due (or by the compaction in
+            # discard): the renewer then keeps sleeping until about ttl/3 from now, so the
+            # add() of the next lease, due later, need not wake it.
             if when > now:
                 return due, when - now
             heapq.heappop(heap)
+            if lease._renew_seq != seq:  # discarded
+                self._stale = max(0, self._stale - 1)
+                continue
             lease._renew_seq = None
             due.append(lease)
         return due, None
