@@ -181,6 +181,6 @@ def test_failing_on_lost_callback_is_contained(client: turnstile.Client) -> None
 
     lock = client.lock("crash:callback", ttl=0.2, on_lost=boom)
     with pytest.raises(turnstile.LeaseLost), lock.acquire(timeout=5) as stale:
-        stale._stop.set()  # stop renewing, as if this process had been paused
+        stale._stop_renewing()  # stop renewing, as if this process had been paused
         time.sleep(0.3)
         assert stale.lost  # the failing callback was swallowed (and logged)

@@ -20,6 +20,8 @@ FLAVOUR = "async"
 Event = asyncio.Event
 Handle = asyncio.Task[None]
 sleep = asyncio.sleep
+# The lease renewer task of an event loop ends as soon as nothing is held.
+RENEWER_IDLE = 0.0
 
 
 async def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -71,6 +73,36 @@ async def join(handle: asyncio.Task[None]) -> None:
     except asyncio.CancelledError:
         if not handle.cancelled():
             raise
+
+
+def alive(handle: asyncio.Task[None]) -> bool:
+    return not handle.done()
+
+
+async def stop(handle: asyncio.Task[None]) -> None:
+    """Cancel a task and wait for it (if it runs on this loop; else only cancel it)."""
+    if handle is asyncio.current_task() or handle.done():
+        return
+    loop = handle.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        handle.cancel()
+        await join(handle)
+    elif not loop.is_closed():
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(handle.cancel)
+
+
+def context_key() -> object:
+    """What one lease renewer serves: the running event loop."""
+    return asyncio.get_running_loop()
+
+
+def context_gone(key: object) -> bool:
+    return isinstance(key, asyncio.AbstractEventLoop) and key.is_closed()
 
 
 def is_flavour_function(fn: Any) -> bool:

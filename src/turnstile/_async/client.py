@@ -16,6 +16,7 @@ from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import AsyncBackend
 from .queue import AsyncQueue
+from .renewer import close_renewers
 from .semaphore import AsyncLease, AsyncLock, AsyncSemaphore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -163,6 +164,7 @@ class AsyncClient:
         await self.backend.ping()
 
     async def close(self) -> None:
+        await close_renewers(self.backend)
         await self.backend.close()
 
     async def __aenter__(self) -> AsyncClient:

@@ -16,8 +16,8 @@ from typing import Any
 from .._core import timing, validate
 from .._core.models import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
-from . import _compat
 from .backends.base import AsyncBackend
+from .renewer import renewer_for
 
 log_acquire = logging.getLogger("turnstile.lock.acquire")
 log_release = logging.getLogger("turnstile.lock.release")
@@ -56,8 +56,9 @@ class AsyncLease:
         self._lost = False
         self._released = False
         self._on_lost = on_lost
-        self._stop = _compat.Event()
-        self._renewer: _compat.Handle | None = None
+        # Set while the backend's renewer has this lease in its heap (its heap entry's seq).
+        self._renew_seq: int | None = None
+        self._renewing = False  # inside a with-block: the renewer keeps it renewed
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
@@ -109,44 +110,46 @@ class AsyncLease:
     async def release(self) -> bool:
         """Give the lease back and hand it to the next waiter. Idempotent; a stale lease can
         never release a newer grant. Returns whether this call released it."""
-        self._stop.set()
-        renewer, self._renewer = self._renewer, None
-        try:
-            if self._released:
-                return False
-            # Released before the renewer has stopped, so the next holder does not wait for
-            # it to wake up: a renewal still in flight is refused by the store or ignored.
-            self._released = True
-            released = await self._backend.release(self.name, self.holder, self.token)
-            log_release.debug("released %r token %d: %s", self.name, self.token, released)
-            return released
-        finally:
-            if renewer is not None:
-                await _compat.join(renewer)
+        self._stop_renewing()
+        if self._released:
+            return False
+        # A renewal still in flight is refused by the store or ignored: it can neither
+        # resurrect the lease nor mark it lost once it is released.
+        self._released = True
+        released = await self._backend.release(self.name, self.holder, self.token)
+        log_release.debug("released %r token %d: %s", self.name, self.token, released)
+        return released
 
-    async def _renew_loop(self) -> None:
-        while True:
-            interval = self.ttl * timing.RENEW_FRACTION
-            if await _compat.wait_event(self._stop, interval):
-                return
-            if self.lost:
-                return
-            try:
-                await self.renew()
-            except LeaseLost:
-                return
-            except BackendUnavailable as exc:
-                log_renew.warning("renewing %r failed, will retry: %s", self.name, exc)
-                # Retry sooner; once the local deadline passes, `lost` reports it.
-                if await _compat.wait_event(self._stop, min(interval / 4, self.remaining)):
-                    return
-            except Exception:  # never let the renewer die silently
-                log_renew.exception("unexpected error renewing %r", self.name)
+    def _stop_renewing(self) -> None:
+        if self._renewing:
+            self._renewing = False
+            renewer_for(self._backend).discard(self)
+
+    def _wants_renewal(self) -> bool:
+        return self._renewing and not self._released and not self._lost
+
+    async def _renew_step(self) -> float | None:
+        """One turn of the backend's renewer: renew if still wanted. Returns the seconds
+        until the next turn, or None to stop renewing this lease."""
+        if not self._wants_renewal() or self.lost:
+            return None
+        interval = self.ttl * timing.RENEW_FRACTION
+        try:
+            await self.renew()
+        except LeaseLost:
+            return None
+        except BackendUnavailable as exc:
+            log_renew.warning("renewing %r failed, will retry: %s", self.name, exc)
+            # Retry sooner; once the local deadline passes, `lost` reports it.
+            return min(interval / 4, self.remaining)
+        except Exception:  # never let the renewer die silently
+            log_renew.exception("unexpected error renewing %r", self.name)
+        return self.ttl * timing.RENEW_FRACTION
 
     async def __aenter__(self) -> AsyncLease:
-        if self._renewer is None and not self._released:
-            self._stop.clear()
-            self._renewer = _compat.spawn(self._renew_loop, f"turnstile-renew:{self.name}")
+        if not self._renewing and not self._released:
+            self._renewing = True
+            renewer_for(self._backend).add(self, self.ttl * timing.RENEW_FRACTION)
         return self
 
     async def __aexit__(

@@ -20,6 +20,8 @@ FLAVOUR = "sync"
 Event = threading.Event
 Handle = threading.Thread
 sleep = time.sleep
+# The lease renewer thread of a process ends after this long with nothing held.
+RENEWER_IDLE = 30.0
 
 
 def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -39,6 +41,24 @@ def spawn(fn: Callable[[], None], name: str) -> threading.Thread:
 def join(handle: threading.Thread) -> None:
     if handle is not threading.current_thread():
         handle.join()
+
+
+def alive(handle: threading.Thread) -> bool:
+    return handle.is_alive()
+
+
+def stop(handle: threading.Thread) -> None:
+    """Wait for a thread that was told to stop."""
+    join(handle)
+
+
+def context_key() -> object:
+    """What one lease renewer serves: the process (a forked child resets its renewers)."""
+    return None
+
+
+def context_gone(key: object) -> bool:
+    return False
 
 
 def is_flavour_function(fn: Any) -> bool:

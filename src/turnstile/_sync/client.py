@@ -17,6 +17,7 @@ from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import Backend
 from .queue import Queue
+from .renewer import close_renewers
 from .semaphore import Lease, Lock, Semaphore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -164,6 +165,7 @@ class Client:
         self.backend.ping()
 
     def close(self) -> None:
+        close_renewers(self.backend)
         self.backend.close()
 
     def __enter__(self) -> Client:

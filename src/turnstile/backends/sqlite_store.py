@@ -36,6 +36,8 @@ T = TypeVar("T")
 
 ABSTRACT_SOCKETS = sys.platform.startswith("linux")
 BUSY_TIMEOUT = 30.0
+# UPDATE ... RETURNING: SQLite 3.35 and later.
+RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 def _migrations() -> list[tuple[int, str]]:
@@ -151,8 +153,13 @@ class SQLiteStore:
     # -- state load/save ----------------------------------------------------------------
     @staticmethod
     def _load(conn: sqlite3.Connection, name: str) -> model.NameState:
+        # _save keeps a turnstile_names row exactly while the name has holder or waiter rows,
+        # so an idle name costs one lookup.
         row = conn.execute("SELECT lim FROM turnstile_names WHERE name = ?", (name,)).fetchone()
         state = model.NameState(limit=row[0] if row else 1)
+        if row is None:
+            return state
+        # (One UNION ALL query for both measured slower: its ORDER BY needs a sort.)
         for h in conn.execute(
             "SELECT holder, token, acquired_at, expires_at, claimed FROM turnstile_holders"
             " WHERE name = ?",
@@ -229,16 +236,31 @@ class SQLiteStore:
                     " WHERE name = ? AND holder = ?",
                     (w.ttl, w.wait_ttl, w.expires_at, name, w.holder),
                 )
+        had_rows = bool(old_holders or old_waiters)  # iff the turnstile_names row exists
         if state.empty:
-            conn.execute("DELETE FROM turnstile_names WHERE name = ?", (name,))
-        elif state.limit != old_limit or not (old_holders or old_waiters):
+            if had_rows:
+                conn.execute("DELETE FROM turnstile_names WHERE name = ?", (name,))
+        elif state.limit != old_limit or not had_rows:
             conn.execute(
                 "INSERT OR REPLACE INTO turnstile_names (name, lim) VALUES (?, ?)",
                 (name, state.limit),
             )
 
     def _token_source(self, conn: sqlite3.Connection, now: float) -> Callable[[], int]:
-        def next_token() -> int:
+        if RETURNING:
+
+            def next_token() -> int:
+                # model.clock_token in one statement: max(last + 1, the clock in µs).
+                (token,) = conn.execute(
+                    "UPDATE turnstile_meta SET value = max(value + 1, ?)"
+                    " WHERE key = 'last_token' RETURNING value",
+                    (model.clock_token(0, now),),
+                ).fetchone()
+                return int(token)
+
+            return next_token
+
+        def next_token_fallback() -> int:
             (last,) = conn.execute(
                 "SELECT value FROM turnstile_meta WHERE key = 'last_token'"
             ).fetchone()
@@ -246,7 +268,7 @@ class SQLiteStore:
             conn.execute("UPDATE turnstile_meta SET value = ? WHERE key = 'last_token'", (token,))
             return token
 
-        return next_token
+        return next_token_fallback
 
     def _mutate(
         self,
