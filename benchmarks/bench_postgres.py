@@ -297,8 +297,8 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             "- **Where the hand-over time goes.** Two durable transactions (the release that "
             "grants and notifies, the waiter's acquire that claims) plus the wake-up through "
             "the LISTEN connection, on 2 cores shared by every process and server backend of "
-            "the run. The `with` block's renewer thread (started and joined per lease by the "
-            "core's `Lease`) adds to it: p50 with / without it "
+            "the run. The `with` block's lease renewal (one long-lived renewer per client, a "
+            "timer heap) costs little on top: p50 with / without it "
             + ", ".join(f"{fmt(a)} / {fmt(b)} ms" for a, b in renewer_cost)
             + ". pg_advisory_lock's hand-over happens inside the server's lock manager, with "
             "no commit and no client round trip in between. With many waiting processes, "
@@ -343,7 +343,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     t, b, bare = unc[TURNSTILE], unc[BASELINE], unc.get(BARE)
     lines.append(
         f"- **Uncontended.** Turnstile {fmt(t.ops_per_s)} acquire+release/s"
-        + (f" ({fmt(bare.ops_per_s)}/s without the renewer thread)" if bare else "")
+        + (f" ({fmt(bare.ops_per_s)}/s without the renewer)" if bare else "")
         + f", pg_advisory_lock {fmt(b.ops_per_s)}/s, naive row "
         f"{fmt(unc['naive row (1 s poll)'].ops_per_s)}/s. An advisory lock writes nothing: "
         "no WAL, no commit to flush. Each Turnstile acquire and release is a committed, "
