@@ -105,7 +105,7 @@ def test_sqlite_matches_model(tmp_path: Path, seed: int) -> None:
     store = SQLiteStore(str(tmp_path / "q.db"), clock=clock)
     sq = SQLiteQueueStore(store)
     sq_woken: list[str] = []
-    sq._signal = lambda name, waiter: sq_woken.append(waiter)  # type: ignore[method-assign]
+    sq.wake.signal = lambda name, waiter: sq_woken.append(waiter)  # type: ignore[method-assign]
     state = qmod.QueueState()
     deliveries: list[tuple[str, str]] = []
     ids: list[str] = []

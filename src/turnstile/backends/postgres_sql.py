@@ -226,9 +226,7 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
         if s
     )
     if parts.query:
-        display = urlunsplit(
-            urlsplit(display)._replace(query=_display_query(parts.query))
-        )
+        display = urlunsplit(urlsplit(display)._replace(query=_display_query(parts.query)))
     schema = ours.get("schema", DEFAULT_SCHEMA)
     size = len(schema.encode("utf-8", "surrogatepass"))
     if not 1 <= size <= MAX_IDENTIFIER_BYTES or "\0" in schema:
@@ -340,9 +338,7 @@ def translate_connect(exc: BaseException, config: PostgresConfig) -> TurnstileEr
     text = describe(exc, config)
     if isinstance(exc, psycopg.ProgrammingError) and not state:
         return ConfigurationError(f"invalid PostgreSQL URL {config.display!r}: {text}")
-    if state.startswith(_CONFIG_STATES) or (
-        not state and any(m in text for m in _CONFIG_MESSAGES)
-    ):
+    if state.startswith(_CONFIG_STATES) or (not state and any(m in text for m in _CONFIG_MESSAGES)):
         return ConfigurationError(
             f"PostgreSQL at {config.display!r} refused the connection or the schema "
             f"{config.schema!r}: {text} (check the user, password, database and the role's "

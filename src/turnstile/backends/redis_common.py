@@ -195,9 +195,7 @@ def parse_url(url: str, parts: SplitResult) -> RedisConfig:
     base_netloc = f"{host_text}:{first_port}"
     if userinfo:
         base_netloc = f"{userinfo}@{base_netloc}"
-    plain = urlunsplit(
-        ("rediss" if ssl else "redis", base_netloc, "" if cluster else path, "", "")
-    )
+    plain = urlunsplit(("rediss" if ssl else "redis", base_netloc, "" if cluster else path, "", ""))
     return RedisConfig(
         cluster=cluster,
         url=plain,
@@ -226,7 +224,6 @@ def _host_port(item: str, shown: str) -> tuple[str, int]:
     except ValueError:
         raise ConfigurationError(f"bad port in Redis URL {shown!r}") from None
     return host or "localhost", port
-
 
 
 # -- keys ------------------------------------------------------------------------------------

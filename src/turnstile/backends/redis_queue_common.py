@@ -21,11 +21,34 @@ from .._core.queue_models import (
 from .redis_common import key_base
 
 OPERATIONS = (
-    "put", "claim", "ack", "nack", "extend", "stats", "dead", "requeue", "purge", "unregister",
+    "put",
+    "claim",
+    "ack",
+    "nack",
+    "extend",
+    "stats",
+    "dead",
+    "requeue",
+    "purge",
+    "unregister",
 )
 KEY_SUFFIXES = (
-    "meta", "rec", "body", "key", "rcpt", "err", "cand", "due", "fly", "dead", "enq", "depth",
-    "dd", "ddx", "w", "wx",
+    "meta",
+    "rec",
+    "body",
+    "key",
+    "rcpt",
+    "err",
+    "cand",
+    "due",
+    "fly",
+    "dead",
+    "enq",
+    "depth",
+    "dd",
+    "ddx",
+    "w",
+    "wx",
 )
 
 
@@ -73,21 +96,30 @@ def claim_result(reply: list[Any], receipt: str) -> ClaimResult:
         return ClaimResult(None, _s(reply[1]), None if retry < 0 else _s(retry))
     _, mid, has_key, key, body, kind, attempt, enq, deadline, now = reply
     delivery = Delivery(
-        _text(mid), _text(key) if int(has_key) else None, _bytes(body), int(kind),
-        int(attempt), _s(enq), receipt, _s(deadline),
+        _text(mid),
+        _text(key) if int(has_key) else None,
+        _bytes(body),
+        int(kind),
+        int(attempt),
+        _s(enq),
+        receipt,
+        _s(deadline),
     )
     return ClaimResult(delivery, _s(now), None)
 
 
 def stats_result(name: str, reply: list[Any]) -> QueueStats:
     ready, delayed, flying, dead, oldest, now, flat = reply
-    deepest = tuple(
-        KeyDepth(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)
-    )
+    deepest = tuple(KeyDepth(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2))
     return QueueStats(
-        name=name, ready=int(ready), delayed=int(delayed), in_flight=int(flying),
-        dead=int(dead), oldest_age=None if int(oldest) < 0 else max(0.0, _s(now) - _s(oldest)),
-        deepest_keys=deepest, now=_s(now),
+        name=name,
+        ready=int(ready),
+        delayed=int(delayed),
+        in_flight=int(flying),
+        dead=int(dead),
+        oldest_age=None if int(oldest) < 0 else max(0.0, _s(now) - _s(oldest)),
+        deepest_keys=deepest,
+        now=_s(now),
     )
 
 
@@ -98,8 +130,14 @@ def dead_result(reply: list[Any]) -> list[DeadLetterRow]:
         mid, has_key, key, body, kind, attempts, enq, died, has_err, err = flat[i : i + 10]
         rows.append(
             DeadLetterRow(
-                _text(mid), _text(key) if int(has_key) else None, _bytes(body), int(kind),
-                int(attempts), _s(enq), _s(died), _text(err) if int(has_err) else None,
+                _text(mid),
+                _text(key) if int(has_key) else None,
+                _bytes(body),
+                int(kind),
+                int(attempts),
+                _s(enq),
+                _s(died),
+                _text(err) if int(has_err) else None,
             )
         )
     return rows

@@ -16,8 +16,6 @@ commit, sends it one datagram. Where abstract sockets do not exist, waiters poll
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import socket
 import sqlite3
 from collections.abc import Callable
@@ -33,7 +31,7 @@ from .._core.queue_models import (
     PutResult,
     QueueStats,
 )
-from .sqlite_store import ABSTRACT_SOCKETS, SQLiteStore
+from .sqlite_store import SQLiteStore, WakeChannel
 
 T = TypeVar("T")
 
@@ -46,7 +44,7 @@ CHUNK = 500
 class SQLiteQueueStore:
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
-        self._sender: socket.socket | None = None
+        self.wake = WakeChannel(store.identity + b"\0queue\0", b"\0turnstile-q/")
 
     # -- plumbing ---------------------------------------------------------------------------
     def _tx(self, name: str, fn: Callable[[sqlite3.Connection, float], tuple[T, int]]) -> T:
@@ -61,7 +59,7 @@ class SQLiteQueueStore:
 
         result, woken = self.store._run(body)
         for waiter in woken:
-            self._signal(name, waiter)
+            self.wake.signal(name, waiter)
         return result
 
     @staticmethod
@@ -90,8 +88,7 @@ class SQLiteQueueStore:
         if count <= 0:
             return []
         rows = conn.execute(
-            "SELECT seq, waiter FROM turnstile_queue_waiters WHERE queue = ?"
-            " ORDER BY seq LIMIT ?",
+            "SELECT seq, waiter FROM turnstile_queue_waiters WHERE queue = ? ORDER BY seq LIMIT ?",
             (name, count),
         ).fetchall()
         for seq, _ in rows:
@@ -310,8 +307,7 @@ class SQLiteQueueStore:
             seqs += [
                 r[0]
                 for r in conn.execute(
-                    f"SELECT seq FROM {M} WHERE queue = ? AND state = {DEAD}"
-                    f" AND id IN ({marks})",
+                    f"SELECT seq FROM {M} WHERE queue = ? AND state = {DEAD} AND id IN ({marks})",
                     (name, *chunk),
                 )
             ]
@@ -356,34 +352,8 @@ class SQLiteQueueStore:
         self._tx(name, step)
 
     # -- wake-up ------------------------------------------------------------------------------
-    def wake_address(self, name: str, waiter: str) -> bytes:
-        digest = hashlib.sha256(
-            self.store._wake_prefix + b"\0queue\0" + name.encode() + b"\0" + waiter.encode()
-        ).hexdigest()[:40]
-        return b"\0turnstile-q/" + digest.encode()
-
-    def _signal(self, name: str, waiter: str) -> None:
-        if not ABSTRACT_SOCKETS:
-            return
-        if self._sender is None:
-            self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._sender.setblocking(False)
-        # Nobody bound (the waiter left): the others re-check by themselves.
-        with contextlib.suppress(OSError):
-            self._sender.sendto(b"1", self.wake_address(name, waiter))
-
     def bind_wake_socket(self, name: str, waiter: str) -> socket.socket | None:
-        if not ABSTRACT_SOCKETS:
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            sock.bind(self.wake_address(name, waiter))
-        except OSError:
-            sock.close()
-            return None
-        return sock
+        return self.wake.bind(name, waiter)
 
     def close(self) -> None:
-        if self._sender is not None:
-            self._sender.close()
-            self._sender = None
+        self.wake.close()

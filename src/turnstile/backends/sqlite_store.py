@@ -62,8 +62,9 @@ class SQLiteStore:
         self._all_lock = threading.Lock()
         self._closed = False
         real = os.path.realpath(path)
-        self._wake_prefix = hashlib.sha256(real.encode("utf-8", "surrogatepass")).digest()
-        self._sender: socket.socket | None = None
+        # Identifies this database file; seeds the wake-up addresses of its waiters.
+        self.identity = hashlib.sha256(real.encode("utf-8", "surrogatepass")).digest()
+        self.wake = WakeChannel(self.identity + b"\0", b"\0turnstile/")
         self._migrate()
 
     # -- connections and transactions ---------------------------------------------------
@@ -147,8 +148,7 @@ class SQLiteStore:
         for conn in conns:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
-        if self._sender is not None:
-            self._sender.close()
+        self.wake.close()
 
     # -- state load/save ----------------------------------------------------------------
     @staticmethod
@@ -285,7 +285,7 @@ class SQLiteStore:
 
         result, woken = self._run(tx)
         for holder in woken:
-            self._signal(name, holder)
+            self.wake.signal(name, holder)
         return result
 
     # -- operations -----------------------------------------------------------------------
@@ -353,13 +353,31 @@ class SQLiteStore:
         return int(version)
 
     # -- wake-up --------------------------------------------------------------------------
-    def wake_address(self, name: str, holder: str) -> bytes:
-        digest = hashlib.sha256(
-            self._wake_prefix + b"\0" + name.encode() + b"\0" + holder.encode()
-        ).hexdigest()[:40]
-        return b"\0turnstile/" + digest.encode()
+    def bind_wake_socket(self, name: str, holder: str) -> socket.socket | None:
+        return self.wake.bind(name, holder)
 
-    def _signal(self, name: str, holder: str) -> None:
+
+class WakeChannel:
+    """One-datagram wake-ups between processes sharing a database file.
+
+    The address of ``(name, who)`` is derived from ``seed`` (the database's identity plus the
+    kind of waiter) in the abstract Unix socket namespace ``namespace``: the waiter binds it
+    before it looks, the transaction that admits it sends one datagram there after commit.
+    Without abstract sockets (not Linux) signalling does nothing and waiters poll.
+    """
+
+    def __init__(self, seed: bytes, namespace: bytes) -> None:
+        self._seed = seed
+        self._namespace = namespace
+        self._sender: socket.socket | None = None
+
+    def address(self, name: str, who: str) -> bytes:
+        digest = hashlib.sha256(
+            self._seed + name.encode() + b"\0" + who.encode()
+        ).hexdigest()[:40]
+        return self._namespace + digest.encode()
+
+    def signal(self, name: str, who: str) -> None:
         if not ABSTRACT_SOCKETS:
             return
         if self._sender is None:
@@ -367,18 +385,23 @@ class SQLiteStore:
             self._sender.setblocking(False)
         # Nobody bound (the waiter is between checks or gone): it will re-check by itself.
         with contextlib.suppress(OSError):
-            self._sender.sendto(b"1", self.wake_address(name, holder))
+            self._sender.sendto(b"1", self.address(name, who))
 
-    def bind_wake_socket(self, name: str, holder: str) -> socket.socket | None:
+    def bind(self, name: str, who: str) -> socket.socket | None:
         if not ABSTRACT_SOCKETS:
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            sock.bind(self.wake_address(name, holder))
+            sock.bind(self.address(name, who))
         except OSError:
             sock.close()
             return None
         return sock
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
 
 
 def parse_path(path: str) -> str:
