@@ -192,3 +192,38 @@ def test_unopenable_file_is_backend_unavailable(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable) as info:
         SQLiteStore(str(tmp_path / "no-such-dir" / "x.db"))
     assert isinstance(info.value.__cause__, sqlite3.Error)
+
+
+def _open_at_once(path: str, barrier: object, results: object) -> None:
+    barrier.wait()  # type: ignore[attr-defined]
+    try:
+        SQLiteStore(path).close()
+        results.put("ok")  # type: ignore[attr-defined]
+    except Exception as exc:  # reported to the test, which names it
+        results.put(f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+
+
+def test_many_processes_open_a_new_file_at_once(tmp_path: Path) -> None:
+    """Several workers starting together on a file nobody has opened yet all get in.
+
+    Switching a new file to WAL makes SQLite answer "database is locked" at once, without
+    its busy handler, to a second process doing the same; the store must wait and look
+    again (this failed about one round in three before it did)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(25):
+        path = str(tmp_path / f"new-{round_}.db")
+        barrier = ctx.Barrier(6)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_open_at_once, args=(path, barrier, results)) for _ in range(6)
+        ]
+        for proc in procs:
+            proc.start()
+        answers = [results.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        assert answers == ["ok"] * 6, (round_, answers)
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

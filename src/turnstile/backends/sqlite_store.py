@@ -53,6 +53,13 @@ MIGRATIONS = _migrations()
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
+def _is_busy(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock for now."""
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "locked" in str(exc) or "busy" in str(exc)
+    )
+
+
 class SQLiteStore:
     def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
         self.path = path
@@ -75,14 +82,11 @@ class SQLiteStore:
         if conn is not None:
             return conn
         try:
-            # SQLite's own busy handler only while setting up (switching to WAL takes an
-            # exclusive lock for a moment when many processes open a new file at once).
+            # SQLite's own busy handler only while setting up.
             conn = sqlite3.connect(
                 self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
             )
-            (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
-            if str(mode).lower() != "wal":
-                conn.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as exc:
@@ -91,6 +95,30 @@ class SQLiteStore:
         with self._all_lock:
             self._all.append(conn)
         return conn
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection) -> None:
+        """Put the database in WAL mode, once for the file, whoever comes first.
+
+        Switching to WAL takes an exclusive lock for a moment, and SQLite answers
+        ``database is locked`` at once, without calling the busy handler, to a second
+        process that tries the same switch meanwhile (several workers opening a new file
+        together). So: look, switch if needed, and on ``locked`` look again after a short
+        sleep; by then the other process has usually made the switch for us.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        delay = 0.001
+        while True:
+            try:
+                (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+                if str(mode).lower() != "wal":
+                    conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
 
     def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         """Run ``fn`` in one transaction, retrying briefly while another process writes."""
@@ -101,10 +129,7 @@ class SQLiteStore:
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             except sqlite3.Error as exc:
-                busy = isinstance(exc, sqlite3.OperationalError) and (
-                    "locked" in str(exc) or "busy" in str(exc)
-                )
-                if not busy:
+                if not _is_busy(exc):
                     raise BackendUnavailable(f"SQLite error on {self.path!r}: {exc}") from exc
                 if time.monotonic() > deadline:
                     raise BackendUnavailable(
