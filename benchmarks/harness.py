@@ -73,7 +73,14 @@ class LockAdapter:
     Built once per worker process (by the contender's factory), then used sequentially: each
     :meth:`acquire` (block until ``name`` is held) is followed by one :meth:`release`. A worker
     holds at most one lock at a time, so an adapter may keep the held lock in an attribute.
+
+    ``queued_at``: after an :meth:`acquire` that had to wait, the monotonic time at which the
+    lock *confirmed* that the request was in line (NaN if it was granted at once, or if the
+    lock never says so, like a blocking ``pg_advisory_lock`` or ``redis.lock.Lock``). It makes
+    the certain FIFO check possible (:func:`certain_fifo_violations`).
     """
+
+    queued_at: float = math.nan
 
     def acquire(self, name: str) -> None:
         raise NotImplementedError
@@ -110,14 +117,30 @@ class TurnstileLock(LockAdapter):
     ``acquire()`` / ``release()`` without the renewing context manager."""
 
     def __init__(self, url: str, ttl: float = 30.0, renew: bool = True) -> None:
+        import logging
+
         import turnstile
 
         self._client = turnstile.connect(url)
         self._ttl = ttl
         self._renew = renew
         self._lease: Any = None
+        # Turnstile logs (at DEBUG, with the position as an extra field) the moment the store
+        # answered that a blocking acquire is in line: that is our queued_at.
+        adapter = self
+
+        class Queued(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if getattr(record, "turnstile_position", None) is not None:
+                    adapter.queued_at = time.monotonic()
+
+        log = logging.getLogger("turnstile.lock.acquire")
+        log.addHandler(Queued(logging.DEBUG))
+        log.setLevel(logging.DEBUG)
+        log.propagate = False
 
     def acquire(self, name: str) -> None:
+        self.queued_at = math.nan
         lease = self._client.lock(name, ttl=self._ttl).acquire()
         if self._renew:
             lease.__enter__()
@@ -152,12 +175,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class Grant:
-    """One critical section: when its process called acquire, got the lock, released it."""
+    """One critical section: when its process called acquire, got the lock, released it, and
+    (``queued``, NaN if unknown) when the lock confirmed the request was in line."""
 
     pid: int
     wait_start: float
     start: float
     end: float
+    queued: float = math.nan
 
 
 def count_overlaps(intervals: Iterable[tuple[float, float]]) -> int:
@@ -189,6 +214,29 @@ def fifo_violations(grants: Sequence[Grant], tolerance: float = DEFAULT_FIFO_TOL
             latest_start_of_earlier = max(latest_start_of_earlier, by_wait[j].start)
             j += 1
         if latest_start_of_earlier > b.start:
+            violations += 1
+    return violations
+
+
+def certain_fifo_violations(grants: Sequence[Grant]) -> int | None:
+    """Grants that overtook a request *known* to be in line before they asked.
+
+    ``b`` is a certain violation when another grant ``a`` had been confirmed in line by the
+    lock (``a.queued``) before ``b``'s process even called acquire, yet ``a`` was granted
+    after ``b``. No clock tolerance is involved and descheduling cannot fake one: a process
+    paused between reading the clock and sending its request only makes its own ``queued``
+    later. ``None`` when the lock never confirms a place in line (nothing to check).
+    """
+    queued = sorted((g for g in grants if not math.isnan(g.queued)), key=lambda g: g.queued)
+    if not queued:
+        return None
+    violations = 0
+    for b in grants:
+        # the latest start among grants confirmed in line before b asked
+        latest = max(
+            (a.start for a in queued if a.queued < b.wait_start and a is not b), default=-math.inf
+        )
+        if latest > b.start:
             violations += 1
     return violations
 
@@ -451,11 +499,12 @@ class HandoverResult:
     seconds: float
     counters: dict[str, float] = field(default_factory=dict)
     per_grant: dict[str, float] = field(default_factory=dict)
+    certain_fifo_violations: int | None = None  # None: the lock never confirms a place in line
 
 
 def _handover_job(
     adapter: LockAdapter, args: tuple[str, int, float, float], go: float
-) -> list[tuple[int, float, float, float]]:
+) -> list[tuple[int, float, float, float, float]]:
     name, rounds, hold, max_seconds = args
     pid = os.getpid()
     clock = time.monotonic
@@ -470,7 +519,7 @@ def _handover_job(
         time.sleep(hold)
         end = clock()
         adapter.release()
-        grants.append((pid, wait_start, start, end))
+        grants.append((pid, wait_start, start, end, adapter.queued_at))
     return grants
 
 
@@ -491,6 +540,7 @@ def handover_metrics(
         "gap_max_ms": max(gaps) * 1000 if gaps else math.nan,
         "longest_streak": longest_streak([g.pid for g in ordered]),
         "fifo_violations": fifo_violations(ordered, tolerance),
+        "certain_fifo_violations": certain_fifo_violations(ordered),
         "overlaps": count_overlaps((g.start, g.end) for g in ordered),
     }
 
@@ -635,6 +685,7 @@ class WebhookResult:
     per_grant: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     trials: list[float] = field(default_factory=list)  # efficiency of every trial
+    certain_lock_fifo_violations: int | None = None  # see certain_fifo_violations
 
 
 @dataclass(frozen=True)
@@ -648,6 +699,7 @@ class Handled:
     start: float
     end: float
     error: str = ""
+    queued: float = math.nan  # when the lock confirmed the request in line (see LockAdapter)
 
 
 def _webhook_job(adapter: LockAdapter, args: tuple[Any, ...], go: float) -> list[Handled]:
@@ -675,7 +727,7 @@ def _webhook_job(adapter: LockAdapter, args: tuple[Any, ...], go: float) -> list
         time.sleep(work)
         end = clock()
         adapter.release()
-        handled.append(Handled(index, order, pid, took, start, end))
+        handled.append(Handled(index, order, pid, took, start, end, queued=adapter.queued_at))
 
 
 def webhook_metrics(
@@ -694,6 +746,7 @@ def webhook_metrics(
         if not math.isnan(h.start):
             by_order.setdefault(h.order, []).append(h)
     violations = overlaps = lock_fifo = 0
+    certain: int | None = None
     gaps: list[float] = []
     for events in by_order.values():
         events.sort(key=lambda h: h.start)
@@ -704,15 +757,18 @@ def webhook_metrics(
                 violations += 1
             latest_index = max(latest_index, h.index)
         overlaps += count_overlaps((h.start, h.end) for h in events)
-        lock_fifo += fifo_violations(
-            [Grant(h.pid, h.took, h.start, h.end) for h in events], tolerance
-        )
+        grants = [Grant(h.pid, h.took, h.start, h.end, h.queued) for h in events]
+        lock_fifo += fifo_violations(grants, tolerance)
+        sure = certain_fifo_violations(grants)
+        if sure is not None:
+            certain = (certain or 0) + sure
         for a, b in itertools.pairwise(events):
             if b.took < a.end:  # b was waiting for the lock when a finished
                 gaps.append(b.start - a.end)
     return {
         "order_violations": violations,
         "lock_fifo_violations": lock_fifo,
+        "certain_lock_fifo_violations": certain,
         "overlaps": overlaps,
         "order_gap_p50_ms": percentile(gaps, 50) * 1000,
         "order_gap_p99_ms": percentile(gaps, 99) * 1000,
@@ -856,7 +912,8 @@ def handover_table(
         "max ms",
         "to another process",
         "longest streak",
-        "FIFO violations",
+        "FIFO violations (call time ±1 ms)",
+        "certain FIFO violations",
         "overlaps",
     ]
     if base is not None:
@@ -874,6 +931,7 @@ def handover_table(
             f"{r.to_other} of {r.handovers}",
             r.longest_streak,
             f"{r.fifo_violations} of {r.grants}",
+            _certain(r.certain_fifo_violations, r.grants),
             r.overlaps,
         ]
         if base is not None:
@@ -881,6 +939,13 @@ def handover_table(
         row += [r.per_grant.get(k, math.nan) for k in keys]
         rows.append(row)
     return markdown_table(headers, rows)
+
+
+def _certain(count: int | None, of: int | None) -> str:
+    """A certain FIFO count; "-" for a lock that never confirms a place in line."""
+    if count is None:
+        return "-"
+    return f"{count} of {of}" if of is not None else str(count)
 
 
 def webhook_table(
@@ -894,7 +959,8 @@ def webhook_table(
         "perfect FIFO lock",
         "vs perfect",
         "out of order",
-        "lock FIFO violations",
+        "lock FIFO violations (call time ±1 ms)",
+        "certain lock FIFO violations",
         "overlaps",
         "in-order handover p50 ms",
         "p99 ms",
@@ -915,6 +981,7 @@ def webhook_table(
             r.vs_bound,
             f"{r.order_violations} of {r.events}",
             r.lock_fifo_violations,
+            _certain(r.certain_lock_fifo_violations, None),
             r.overlaps,
             r.order_gap_p50_ms,
             r.order_gap_p99_ms,

@@ -123,6 +123,32 @@ def test_fifo_violations() -> None:
     assert h.fifo_violations(close, tolerance=0.0) == 1
 
 
+def test_certain_fifo_violations() -> None:
+    def q(pid: int, wait: float, queued: float, start: float, end: float) -> object:
+        return h.Grant(pid, wait, start, end, queued)
+
+    # A lock that never confirms a place in line: nothing to check.
+    assert h.certain_fifo_violations([g(1, 0.0, 0.0, 1.0), g(2, 0.1, 1.0, 2.0)]) is None
+    # pid 2 was confirmed in line at 0.2; pid 3 asked at 0.5 and went first: certain.
+    overtaken = [
+        q(1, 0.0, math.nan, 0.0, 1.0),
+        q(2, 0.1, 0.2, 2.0, 3.0),
+        q(3, 0.5, 0.6, 1.0, 2.0),
+    ]
+    assert h.certain_fifo_violations(overtaken) == 1
+    # pid 3 asked at 0.15, before pid 2's place was confirmed (0.2): the two requests may have
+    # crossed on the way to the store, so going first is no certain violation, although the
+    # call-time heuristic counts it (2 asked 0.05 s earlier).
+    crossed = [
+        q(1, 0.0, math.nan, 0.0, 1.0),
+        q(2, 0.1, 0.2, 2.0, 3.0),
+        q(3, 0.15, 0.3, 1.0, 2.0),
+    ]
+    assert h.certain_fifo_violations(crossed) == 0
+    assert h.fifo_violations(crossed) == 1
+    assert h.handover_metrics(overtaken)["certain_fifo_violations"] == 1
+
+
 def test_handover_metrics() -> None:
     grants = [g(1, 0.0, 0.0, 1.0), g(2, 0.0, 1.002, 2.0), g(2, 2.0, 2.0, 3.0), g(1, 0.5, 3.004, 4)]
     m = h.handover_metrics(grants)
@@ -167,6 +193,7 @@ def test_webhook_metrics() -> None:
     m = h.webhook_metrics(events)
     assert m["order_violations"] == 1
     assert m["lock_fifo_violations"] == 1
+    assert m["certain_lock_fifo_violations"] is None  # no lock confirmation recorded
     assert m["overlaps"] == 1
     assert m["order_gap_p50_ms"] == pytest.approx(0.0)
 
@@ -176,5 +203,5 @@ def test_markdown_and_json() -> None:
     assert table.splitlines() == ["| lock | x |", "|---|---:|", "| a | 1.23 |", "| b | - |"]
     assert json.loads(h.to_json({"v": math.nan, "g": h.Grant(1, 0.0, 1.0, 2.0)})) == {
         "v": None,
-        "g": {"pid": 1, "wait_start": 0.0, "start": 1.0, "end": 2.0},
+        "g": {"pid": 1, "wait_start": 0.0, "start": 1.0, "end": 2.0, "queued": None},
     }

@@ -113,6 +113,7 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
     stop = tmp_path / "stop"
     consumers: list[Consumer] = []
     kills: list[tuple[str, float]] = []  # (log name, time)
+    late_kills: list[str] = []  # killed after it had finished its message's work
 
     def spawn() -> None:
         i = len(consumers)
@@ -155,7 +156,13 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
                 if victims:
                     victim = rnd.choice(victims)
                     victim.kill()
-                    kills.append((Path(victim.log).name, time.time()))
+                    # The victim may have moved on between our look at its log and the kill.
+                    # Its log is final now: the kill counts as mid-message only if the log
+                    # still ends in "start".
+                    if victim.mid_message():
+                        kills.append((Path(victim.log).name, time.time()))
+                    else:
+                        late_kills.append(Path(victim.log).name)
                     spawn()
             time.sleep(0.15)
         else:
@@ -198,7 +205,17 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
     # nothing lost, nothing acked twice
     dead = {d.id for d in q.dead_letters(limit=1000)}
     assert not dead, "max_attempts=20 should never be reached here"
-    assert set(acked) == set(ids), f"missing: {set(ids) - set(acked)}"
+    # A consumer killed right after its "end" line may have had its ack reach the store before
+    # it could log it: that message's work is done, it is not lost.
+    last_event: dict[str, list[Any]] = {}
+    for log, ev in events:
+        last_event[log] = ev
+    acked_unlogged = {
+        last_event[log][1] for log in late_kills if last_event.get(log, [""])[0] == "end"
+    }
+    missing = set(ids) - set(acked) - acked_unlogged
+    assert not missing, f"missing: {missing}"
+    assert set(acked) <= set(ids)
     assert all(count == 1 for count in acked.values())
     # redelivery of the killed consumers' messages
     redelivered = [mid for mid, ds in deliveries.items() if len(ds) > 1]

@@ -1,10 +1,12 @@
 """The SQL functions against the reference state machine (turnstile/_core/model.py), step for
 step, on a virtual clock: random operations on a few names, the same answers (grants, tokens,
-times, positions, retry_after, status, names) and the same NOTIFY wake-ups, in order."""
+times, positions, retry_after, status, names) and the same NOTIFY wake-ups, in order, each
+carrying exactly the grant the model made, for the waiting entry the waiter was told of."""
 
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from typing import Any
 
@@ -30,7 +32,9 @@ class Reference:
     def __init__(self) -> None:
         self.states: dict[str, model.NameState] = {}
         self.last: dict[str, int] = {}
-        self.woken: list[str] = []
+        # One wake-up per hand-over, with the grant it carries: (key, holder, token, acquired
+        # at, expires at), the model's grant at the moment it was made.
+        self.woken: list[tuple[str, str, int, float, float]] = []
 
     def _tokens(self, name: str, now: float) -> Any:
         def next_token() -> int:
@@ -40,7 +44,11 @@ class Reference:
         return next_token
 
     def _settle(self, name: str, woken: list[str]) -> None:
-        self.woken += [pg.wake_key(name, h) for h in woken]
+        rows = self.states[name].holders
+        self.woken += [
+            (pg.wake_key(name, h), h, rows[h].token, rows[h].acquired_at, rows[h].expires_at)
+            for h in woken
+        ]
         if self.states[name].empty:
             del self.states[name]
 
@@ -90,9 +98,14 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
     backend.clock_override = lambda: clock[0]
     listen = psycopg.connect(backend.config.conninfo, autocommit=True)
     heard: list[str] = []  # read at the end: they wait in the socket meanwhile
-    listen.execute(f"LISTEN {pg.quote_ident(backend.config.channel)}")
+    # Waiting entries name this channel, as they name a client's LISTEN channel.
+    channel = pg.client_channel(secrets.token_hex(16))
+    backend._wake_channel = lambda: channel
+    listen.execute(f"LISTEN {pg.quote_ident(channel)}")
     ref = Reference()
     issued: dict[tuple[str, str], int] = {}  # last token seen per (name, holder)
+    wait_ids: dict[str, int] = {}  # holder -> its waiting entry, as its last step told it
+    expected: list[tuple[str, int, int, float, float]] = []  # what each wake-up must say
     try:
         for step in range(250):
             clock[0] += GRID * rng.choice([0, 0, 1, 4, 16, 32, 64, 128])
@@ -108,16 +121,26 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                     "wait_ttl": rng.choice(TTLS),
                     "enqueue": rng.random() < 0.8,
                 }
+                before = len(ref.woken)
                 want = ref.acquire(now, name, holder, **kw)
                 got = backend.acquire(name, holder, **kw)
                 assert got == want, where
                 if got.grant is not None:
                     issued[(name, holder)] = got.grant.token
+                    assert got.wait_id is None, where
+                else:
+                    # a waiting entry is named; acquire_nowait on a busy name has none
+                    assert (got.wait_id is not None) == (got.position is not None), where
+                    if got.wait_id is not None:
+                        wait_ids[f"{name}\0{holder}"] = got.wait_id
+                _expect(ref, before, name, wait_ids, expected)
             elif op == "release":
                 token = rng.choice([None, issued.get((name, holder)), rng.randrange(1, 10**16)])
+                before = len(ref.woken)
                 assert backend.release(name, holder, token) == ref.release(
                     now, name, holder, token
                 ), where
+                _expect(ref, before, name, wait_ids, expected)
             elif op == "renew":
                 token = issued.get((name, holder)) or rng.randrange(1, 10**16)
                 ttl = rng.choice(TTLS)
@@ -129,15 +152,33 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
             else:
                 prefix = rng.choice(["", "a", "b:", "z"])
                 assert backend.names(prefix, 2) == ref.names(now, prefix, 2), where
-        # Every hand-over woke exactly its waiter, once, in commit order.
+        # Every hand-over woke exactly its waiter, once, in commit order, with its grant.
         deadline = time.monotonic() + 10
-        while len(heard) < len(ref.woken) and time.monotonic() < deadline:
+        while len(heard) < len(expected) and time.monotonic() < deadline:
             for notify in listen.notifies(timeout=0.2):
                 heard.append(notify.payload)
         for notify in listen.notifies(timeout=0.3):  # an extra one: a spurious wake-up
             heard.append(notify.payload)
-        assert heard == ref.woken
-        assert ref.woken, "the sequence should include hand-overs"
+        assert [_parse(p) for p in heard] == expected
+        assert expected, "the sequence should include hand-overs"
     finally:
         listen.close()
         client.close()
+
+
+def _expect(
+    ref: Reference,
+    before: int,
+    name: str,
+    wait_ids: dict[str, int],
+    expected: list[tuple[str, int, int, float, float]],
+) -> None:
+    for key, holder, token, acquired_at, expires_at in ref.woken[before:]:
+        seq = wait_ids[f"{name}\0{holder}"]
+        expected.append((key, seq, token, acquired_at, expires_at))
+
+
+def _parse(payload: str) -> tuple[str, int, int, float, float]:
+    key, seq, token, acquired_at, expires_at = payload.split(" ")
+    return key, int(seq), int(token), float(acquired_at), float(expires_at)
+

@@ -45,6 +45,16 @@ def test_turnstile_parameters_are_removed() -> None:
     assert query(c.listen_conninfo)["application_name"] == "app:listen"
 
 
+def test_spaces_reach_libpq_percent_encoded() -> None:
+    """libpq decodes %20 in a URI but takes '+' literally: options=-c%20x%3Dy must arrive as
+    "-c x=y" (and application_name with a space as written)."""
+    c = parse("postgresql://h/db?options=-c%20track_functions%3Dall&application_name=my%20app")
+    raw = urlsplit(c.conninfo).query
+    assert "+" not in raw
+    assert "options=-c%20track_functions%3Dall" in raw
+    assert query(c.conninfo)["application_name"] == "my app"
+
+
 def test_listen_options() -> None:
     assert parse("postgresql://h/db?listen=off").listen_conninfo is None
     c = parse("postgresql://pool/db?listen_url=postgresql%3A%2F%2Fdirect%3A5432%2Fdb%3Fschema%3Dx")

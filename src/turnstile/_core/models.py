@@ -29,12 +29,15 @@ class AcquireResult:
     line (0 = next), or ``None`` when it did not join the line (``acquire_nowait``).
     ``retry_after`` is how long until the earliest current lease expires (store clock), so a
     waiter can re-check exactly when a crashed holder's lease runs out.
+    ``wait_id`` names the caller's waiting entry on stores whose wake-ups carry the grant
+    (see ``AsyncWaiter.handed``); it is an identity, not part of the answer's value.
     """
 
     grant: Grant | None
     position: int | None
     now: float
     retry_after: float | None = None
+    wait_id: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,9 @@ class Lease:
         # Set while the backend's renewer has this lease in its heap (its heap entry's seq).
         self._renew_seq: int | None = None
         self._renewing = False  # inside a with-block: the renewer keeps it renewed
+        # An unclaimed grant (handed over with the wake-up, lasting only wait_ttl) that the
+        # renewer is to claim for the full ttl once, with or without a with-block.
+        self._claiming = False
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
@@ -122,12 +125,25 @@ class Lease:
         return released
 
     def _stop_renewing(self) -> None:
-        if self._renewing:
-            self._renewing = False
+        if self._renewing or self._claiming:
+            self._renewing = self._claiming = False
             renewer_for(self._backend).discard(self)
 
     def _wants_renewal(self) -> bool:
-        return self._renewing and not self._released and not self._lost
+        return (self._renewing or self._claiming) and not self._released and not self._lost
+
+    def _claim_soon(self) -> None:
+        """Extend a grant that was handed over with its wake-up, and so lasts only the
+        waiter's ``wait_ttl`` (a waiter that died must not stall the line for a whole ttl),
+        to the full ``ttl``: one renewal by the renewer, off the hand-over's path, with or
+        without a with-block. Until it lands, :attr:`remaining` tells the truth (the shorter
+        lease)."""
+        self._claiming = True
+        # When a third of the short lease has passed, like any renewal: a short critical
+        # section ends (and releases) before that, and then costs no claim at all.
+        renewer_for(self._backend).add(
+            self, (self.expires_at - self.acquired_at) * timing.RENEW_FRACTION
+        )
 
     def _renew_step(self) -> float | None:
         """One turn of the backend's renewer: renew if still wanted. Returns the seconds
@@ -145,12 +161,14 @@ class Lease:
             return min(interval / 4, self.remaining)
         except Exception:  # never let the renewer die silently
             log_renew.exception("unexpected error renewing %r", self.name)
-        return self.ttl * timing.RENEW_FRACTION
+        self._claiming = False
+        return self.ttl * timing.RENEW_FRACTION if self._renewing else None
 
     def __enter__(self) -> Lease:
         if not self._renewing and not self._released:
             self._renewing = True
-            renewer_for(self._backend).add(self, self.ttl * timing.RENEW_FRACTION)
+            if not self._claiming:  # else the claim's renewal schedules the next ones
+                renewer_for(self._backend).add(self, self.ttl * timing.RENEW_FRACTION)
         return self
 
     def __exit__(
@@ -223,6 +241,31 @@ class Semaphore:
             on_lost=self._on_lost,
         )
 
+    def _handed(
+        self, waiter: Any, result: AcquireResult, sent: float, wait_ttl: float
+    ) -> Lease | None:
+        """The lease a wake-up handed over with the grant in it (see ``Waiter.handed``),
+        or None: the caller then looks with an acquire step as usual."""
+        handed = getattr(waiter, "handed", None)
+        if handed is None or result.wait_id is None:
+            return None
+        grant: Grant | None = handed(result.wait_id)
+        if grant is None:
+            return None
+        # The store's clock read `result.now` after we sent that step at `sent`, so it reaches
+        # `expires_at` no earlier than this (never late, like every local deadline).
+        deadline = sent + (grant.expires_at - result.now)
+        if deadline - time.monotonic() < (grant.expires_at - grant.acquired_at) / 2:
+            # We were slow to look (paused, or descheduled for long): claim it with a step
+            # rather than start on a lease that may be nearly over.
+            return None
+        lease = Lease(
+            self._backend, grant, ttl=self.ttl, local_deadline=deadline, on_lost=self._on_lost
+        )
+        if wait_ttl < self.ttl:
+            lease._claim_soon()
+        return lease
+
     def _step(
         self, holder: str, wait_ttl: float, enqueue: bool
     ) -> tuple[AcquireResult, float]:
@@ -264,6 +307,15 @@ class Semaphore:
                     waiter = self._backend.open_waiter(self.name, holder)
                     if not getattr(waiter, "keeps_early_wakeups", False):
                         result, sent = self._step(holder, wait_ttl, True)
+                if result.grant is None:
+                    # The store has confirmed our place in line (benchmarks time it, via the
+                    # extra field, to check FIFO order without guessing).
+                    log_acquire.debug(
+                        "waiting for %r at position %s",
+                        self.name,
+                        result.position,
+                        extra={"turnstile_position": result.position},
+                    )
                 while True:
                     if result.grant is not None:
                         log_acquire.debug("acquired %r token %d", self.name, result.grant.token)
@@ -277,6 +329,10 @@ class Semaphore:
                     if deadline is not None:
                         delay = min(delay, deadline - now)
                     waiter.wait(delay)
+                    lease = self._handed(waiter, result, sent, wait_ttl)
+                    if lease is not None:
+                        log_acquire.debug("handed %r token %d", self.name, lease.token)
+                        return lease
                     result, sent = self._step(holder, wait_ttl, True)
         except BaseException:
             self._leave(holder)

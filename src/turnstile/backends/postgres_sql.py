@@ -3,7 +3,7 @@ the named queries and migrations (``sql/postgres/``), the wake-up key, and how p
 exceptions become Turnstile's.
 
 The state machine itself lives in the database, as the functions of
-``sql/postgres/migrations/0001_initial.sql`` (one call = one transaction = one round trip),
+``sql/postgres/migrations/`` (one call = one transaction = one round trip),
 following :mod:`turnstile._core.model` step for step.
 """
 
@@ -14,7 +14,15 @@ import math
 import re
 from dataclasses import dataclass
 from importlib import resources
-from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import (
+    SplitResult,
+    parse_qsl,
+    quote,
+    unquote,
+    urlencode,
+    urlsplit,
+    urlunsplit,
+)
 
 import psycopg
 
@@ -105,6 +113,12 @@ def channel_for(schema: str) -> str:
     return "turnstile." + hashlib.sha256(schema.encode("utf-8")).hexdigest()[:32]
 
 
+def client_channel(client_id: str) -> str:
+    """The NOTIFY channel of one client (its LISTEN connection): hand-overs to that client's
+    waiters are announced there only, so no other process wakes for them."""
+    return f"turnstile.client.{client_id}"
+
+
 def render(sql: str, schema: str) -> str:
     return sql.replace("__SCHEMA__", quote_ident(schema)).replace(
         "__CHANNEL__", quote_literal(channel_for(schema))
@@ -189,7 +203,8 @@ def _libpq_url(parts: SplitResult, params: list[tuple[str, str]], app_suffix: st
         extra.append(("application_name", DEFAULT_APPLICATION_NAME + app_suffix))
     elif app_suffix:
         params = [(k, v + app_suffix if k == "application_name" else v) for k, v in params]
-    query = urlencode(params + extra)
+    # libpq decodes %XX but not '+' (urlencode's default for a space): quote, not quote_plus.
+    query = urlencode(params + extra, quote_via=quote)
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 

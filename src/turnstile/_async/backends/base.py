@@ -19,6 +19,12 @@ class AsyncWaiter(Protocol):
 
     # Optional attribute ``keeps_early_wakeups = True``: a wake-up sent after the acquire step
     # that preceded ``open_waiter`` is kept until waited for, so that step needs no repeating.
+    #
+    # Optional method ``handed(wait_id: int) -> Grant | None``: the grant a wake-up carried for
+    # the waiting entry ``wait_id`` (``AcquireResult.wait_id`` of the step that put or kept the
+    # caller in line), if one came. The grant is already durable on the store; the caller
+    # holds it from then on without another acquire step. It may be *unclaimed*: it lasts
+    # ``min(ttl, wait_ttl)`` until a renewal extends it (see ``semaphore.py``).
 
     async def wait(self, timeout: float) -> bool:
         """Block until woken or ``timeout`` seconds pass. True if woken."""

@@ -4,8 +4,9 @@
 Every operation is one call of a SQL function (``sql/postgres/migrations``) in autocommit
 mode: one statement, one transaction, one round trip, no session state, so it works through
 a transaction pooler. The function locks the name's row, reads the database clock and follows
-:mod:`turnstile._core.model`; a hand-over ends with one ``NOTIFY`` whose payload names the
-waiter it granted (:func:`~turnstile.backends.postgres_sql.wake_key`).
+:mod:`turnstile._core.model`; a hand-over ends with one ``NOTIFY`` on the waiting client's own
+channel, whose payload names the waiter (:func:`~turnstile.backends.postgres_sql.wake_key`)
+and carries the grant, so the waiter holds the lease on receipt.
 
 One LISTEN connection per client (opened on first need, outside the pool, optionally on its
 own ``listen_url``) dispatches those notifications to the local waiters. When it drops, every
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -51,13 +53,18 @@ LISTEN_START_WAIT = 2.0
 
 
 class Listener:
-    """The one LISTEN connection of a client, dispatching NOTIFY payloads to local waiters."""
+    """The one LISTEN connection of a client, dispatching NOTIFY payloads to local waiters.
+
+    It listens on two channels: the client's own (:attr:`channel`, random, named by this
+    client's waiting entries: lock hand-overs, with the grant in the payload) and the schema's
+    (queue wake-ups, and lock waiters that joined through an older release's function)."""
 
     def __init__(self, config: pg.PostgresConfig) -> None:
         assert config.listen_conninfo is not None
         self._config = config
         self._conninfo = config.listen_conninfo
-        self._registry: dict[str, list[_compat.Event]] = {}
+        self.channel = pg.client_channel(secrets.token_hex(16))
+        self._registry: dict[str, list[PostgresWaiter]] = {}
         self._lock = threading.Lock()
         self._ready = _compat.Event()
         self._tried = _compat.Event()  # the first connection attempt has ended, either way
@@ -69,6 +76,12 @@ class Listener:
     def up(self) -> bool:
         """Whether a LISTEN is active right now: a hand-over NOTIFY will reach us."""
         return self._ready.is_set()
+
+    @property
+    def started(self) -> bool:
+        """Whether this client listens (or is trying to): waiting entries name its channel
+        only then, so a client that never blocks costs the store no NOTIFY."""
+        return self._handle is not None
 
     def start(self) -> bool:
         """Start the listening task/thread if it is not running. True if this call did."""
@@ -83,35 +96,39 @@ class Listener:
         _compat.wait_event(self._tried, within)
         return self.up
 
-    def register(self, key: str, event: _compat.Event) -> None:
+    def register(self, key: str, waiter: PostgresWaiter) -> None:
         with self._lock:
-            self._registry.setdefault(key, []).append(event)
+            self._registry.setdefault(key, []).append(waiter)
 
-    def unregister(self, key: str, event: _compat.Event) -> None:
+    def unregister(self, key: str, waiter: PostgresWaiter) -> None:
         with self._lock:
-            events = self._registry.get(key)
-            if events is None:
+            waiters = self._registry.get(key)
+            if waiters is None:
                 return
             with contextlib.suppress(ValueError):
-                events.remove(event)
-            if not events:
+                waiters.remove(waiter)
+            if not waiters:
                 del self._registry[key]
 
     def _dispatch(self, payload: str) -> None:
+        key, _, grant = payload.partition(" ")
         with self._lock:
-            events = list(self._registry.get(payload, ()))
-        for event in events:
-            event.set()
+            waiters = list(self._registry.get(key, ()))
+        for waiter in waiters:
+            waiter.deliver(grant)
 
     def _wake_all(self) -> None:
         with self._lock:
-            events = [e for group in self._registry.values() for e in group]
-        for event in events:
-            event.set()
+            waiters = [w for group in self._registry.values() for w in group]
+        for waiter in waiters:
+            waiter.deliver("")
 
     def _run(self) -> None:
         delay = RECONNECT_MIN
-        listen = f"LISTEN {pg.quote_ident(self._config.channel)}"
+        listens = [
+            f"LISTEN {pg.quote_ident(self.channel)}",
+            f"LISTEN {pg.quote_ident(self._config.channel)}",
+        ]
         complained = False
         while not self._stop.is_set():
             conn: Connection[Any] | None = None
@@ -119,7 +136,8 @@ class Listener:
                 conn = Connection.connect(
                     self._conninfo, autocommit=True, prepare_threshold=None
                 )
-                conn.execute(listen)
+                for listen in listens:
+                    conn.execute(listen)
                 self.connects += 1
                 self._ready.set()
                 self._tried.set()
@@ -171,16 +189,41 @@ class Listener:
 
 
 class PostgresWaiter:
-    """Woken by the NOTIFY that hands it the grant; polls with a backoff while there is no
-    working LISTEN connection (``listen=off``, or the connection is down)."""
+    """Woken by the NOTIFY that hands it the grant, and keeps the grant it carried (see
+    :meth:`handed`); polls with a backoff while there is no working LISTEN connection
+    (``listen=off``, or the connection is down)."""
 
-    def __init__(self, listener: Listener | None, key: str) -> None:
+    def __init__(
+        self, listener: Listener | None, key: str, name: str = "", holder: str = ""
+    ) -> None:
         self._listener = listener
         self._key = key
+        self._name = name
+        self._holder = holder
         self._event = _compat.Event()
         self._pause = POLL_MIN
+        # Grants carried by wake-ups, by the waiting entry (seq) they were made for: one made
+        # for an earlier wait of the same (name, holder) must never be taken for this one.
+        self._handed: dict[int, Grant] = {}
         if listener is not None:
-            listener.register(key, self._event)
+            listener.register(key, self)
+
+    def deliver(self, grant: str) -> None:
+        """Called by the listener: ``grant`` is the payload after the wake key ("seq token
+        acquired_at expires_at"), or "" for a plain wake-up (re-check)."""
+        if grant:
+            try:
+                seq, token, acquired_at, expires_at = grant.split(" ")
+                self._handed[int(seq)] = Grant(
+                    self._name, self._holder, int(token), float(acquired_at), float(expires_at)
+                )
+            except ValueError:
+                log.warning("ignoring a malformed wake-up payload %r", grant)
+        self._event.set()
+
+    def handed(self, wait_id: int) -> Grant | None:
+        """The grant a wake-up carried for the waiting entry ``wait_id``, if one came."""
+        return self._handed.pop(wait_id, None)
 
     def wait(self, timeout: float) -> bool:
         listener = self._listener
@@ -196,7 +239,7 @@ class PostgresWaiter:
 
     def close(self) -> None:
         if self._listener is not None:
-            self._listener.unregister(self._key, self._event)
+            self._listener.unregister(self._key, self)
             self._listener = None
 
 
@@ -272,6 +315,7 @@ class PostgresBackend:
     def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
+        channel = self._wake_channel()
         row = self._run(
             self._q["acquire"],
             {
@@ -282,13 +326,20 @@ class PostgresBackend:
                 "wait_ttl": wait_ttl,
                 "enqueue": enqueue,
                 "now": self._now(),
+                "channel": channel,
+                "wake": pg.wake_key(name, holder) if channel else None,
             },
             "acquire",
         )
-        granted, token, acquired_at, expires_at, position, now, retry_after = row
+        granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row
         if granted:
             return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
-        return AcquireResult(None, position, now, retry_after)
+        return AcquireResult(None, position, now, retry_after, wait_id)
+
+    def _wake_channel(self) -> str:
+        """The channel a hand-over to a waiter of this client is announced on ('': none)."""
+        listener = self.listener
+        return listener.channel if listener is not None and listener.started else ""
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
         row = self._run(
@@ -339,7 +390,7 @@ class PostgresBackend:
             listener.wait_first_attempt(
                 min(LISTEN_START_WAIT, self.config.connect_timeout)
             )
-        return PostgresWaiter(listener, pg.wake_key(name, holder))
+        return PostgresWaiter(listener, pg.wake_key(name, holder), name, holder)
 
     def ping(self) -> None:
         self._run(self._q["ping"], {}, "answer a ping")

@@ -5,10 +5,10 @@
 -- transaction mode).
 
 -- name: acquire
-SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after
+SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after, wait_id
 FROM __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
                         %(ttl)s::float8, %(wait_ttl)s::float8, %(enqueue)s::boolean,
-                        %(now)s::timestamptz)
+                        %(now)s::timestamptz, %(channel)s::text, %(wake)s::text)
 
 -- name: release
 SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
