@@ -175,6 +175,9 @@ def test_names_arguments(client: turnstile.Client) -> None:
         r.check(lambda: client.names(3), "prefix", 3)  # type: ignore[arg-type]
         r.check(lambda: client.names("", 0), "max_count", 0)
         r.check(lambda: client.names("", True), "max_count", True)
+        r.check(lambda: client.names("\ud800"), "prefix", "\ud800")
+    # No name can start with these: an empty answer, without asking the store.
+    assert client.names("n\x00") == client.names("n" * 4097) == []
 
 
 def test_limits_of_the_accepted_range_work(client: turnstile.Client) -> None:

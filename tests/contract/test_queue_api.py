@@ -269,6 +269,55 @@ def test_odd_names_and_keys_stay_separate(qclient: Client) -> None:
         assert {m.key for m in got} == {name, odd[-1 - i]}
 
 
+def test_queue_names_lists_queues_that_hold_messages(qclient: Client, backend) -> None:  # type: ignore[no-untyped-def]
+    assert qclient.queue_names() == []
+    names = ["q:a", "q:b {x}", "q*", "r 😀", "[q]"]
+    for name in names:
+        qclient.queue(name).put({"for": name})
+    qclient.lock("q:lock", ttl=5).acquire_nowait(holder="h")  # a lock is not a queue
+    assert qclient.queue_names() == sorted(names)  # code-point order
+    assert qclient.queue_names("q") == ["q*", "q:a", "q:b {x}"]
+    assert qclient.queue_names("q:", 1) == ["q:a"]
+    assert qclient.queue_names("q*") == ["q*"]  # the prefix is literal, not a pattern
+    assert qclient.queue_names("[") == ["[q]"]
+    assert qclient.queue_names("nothing") == []
+    # No name can start with these: an empty answer, without asking the store.
+    assert qclient.queue_names("q" * 4097) == qclient.queue_names("q\x00") == []
+    assert "q:a" not in qclient.names()  # and a queue is not a lock
+    if backend.cross_process:
+        with turnstile.connect(backend.url) as other:  # another client sees the same list
+            assert other.queue_names() == sorted(names)
+    # Listed while any message is left: in flight, delayed or dead; not once all are acked.
+    done = qclient.queue("q:a")
+    m = done.get(timeout=0)
+    assert m is not None and m.ack()
+    dead = qclient.queue("q*", max_attempts=1)
+    m = dead.get(timeout=0)
+    assert m is not None and m.nack(error="no")
+    assert dead.stats().dead == 1
+    flying = qclient.queue("[q]")
+    assert flying.get(timeout=0) is not None
+    qclient.queue("later").put(1, delay=60)
+    assert qclient.queue_names() == ["[q]", "later", "q*", "q:b {x}", "r 😀"]
+    assert dead.purge_dead() == 1
+    assert "q*" not in qclient.queue_names()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"prefix": 3}, "prefix must be a string"),
+        ({"prefix": "\ud800"}, "prefix must be valid Unicode"),
+        ({"max_count": 0}, "max_count must be an integer from 1"),
+        ({"max_count": True}, "max_count"),
+        ({"max_count": 1.5}, "max_count"),
+    ],
+)
+def test_queue_names_arguments(qclient: Client, kwargs, needle: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(turnstile.InvalidArgument, match=needle):
+        qclient.queue_names(**kwargs)
+
+
 def test_stats(qclient: Client) -> None:
     q = qclient.queue("stats", max_attempts=1)
     for k in ["A", "A", "A", "B", "B", None]:
@@ -358,3 +407,4 @@ async def test_async_api(aqclient: turnstile.aio.Client) -> None:
     assert await m2.nack()
     assert (await q.stats()).ready == 1
     assert await q.dead_letters() == []
+    assert await aqclient.queue_names("asy") == ["async"]

@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+import turnstile
+from tests.conftest import BackendUnderTest
 from tests.server.conftest import Api, Served
 
 
@@ -196,3 +198,37 @@ def test_queue_tenants_and_bad_input(served: Served) -> None:
         assert expected in message, (path, body, message)
     for api in (a, b, reader):
         api.close()
+
+
+def test_the_queue_list_comes_from_the_store(served: Served, backend: BackendUnderTest) -> None:
+    """/v1/queues, the dashboard and /metrics show every queue that holds messages, also
+    those filled by other processes straight in the store, never through this instance."""
+    api = served.api()
+    assert api.ok("/v1/queues") == {"queues": [], "truncated": False}
+    expected = ["a:jobs", "b:jobs"]
+    put(api, "a:jobs", 1)
+    put(api, "b:jobs", 2)
+    if served.backend != "memory":  # a memory store lives inside the server process only
+        with turnstile.connect(backend.url) as elsewhere:
+            elsewhere.queue("a:elsewhere").put({"from": "another process"})
+        expected = ["a:elsewhere", *expected]
+    assert api.ok("/v1/queues") == {"queues": expected, "truncated": False}
+    first = api.get("/v1/queues", params={"max_count": 1})
+    assert first.json() == {"queues": expected[:1], "truncated": True}
+    only_b = api.get("/v1/queues", params={"prefix": "b:"})
+    assert only_b.json() == {"queues": ["b:jobs"], "truncated": False}
+    tenant = served.api("tenant-b")  # may read b: only, whatever prefix it asks for
+    assert tenant.ok("/v1/queues") == {"queues": ["b:jobs"], "truncated": False}
+    nothing = tenant.get("/v1/queues", params={"prefix": "a:"})
+    assert nothing.json() == {"queues": [], "truncated": False}
+    assert [q["name"] for q in api.ok("/v1/dashboard")["queues"]] == expected
+    metrics = api.get("/metrics").text
+    for name in expected:
+        assert f'turnstile_queue_ready{{queue="{name}"}} 1' in metrics
+    api.error(api.get("/v1/queues", params={"max_count": "0"}), 422, "invalid_argument")
+    for impossible in ("q" * 4097, "a:\x00"):  # no name starts with it: nothing, no error
+        answer = api.get("/v1/queues", params={"prefix": impossible})
+        assert answer.json() == {"queues": [], "truncated": False}
+    for client in (api, tenant):
+        client.close()
+

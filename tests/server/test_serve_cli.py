@@ -185,3 +185,19 @@ def test_open_service_answers_only_loopback_host_names(tmp_path: Path) -> None:
         assert httpx.get(server.base + "/healthz", headers={"Host": "x.example"}).status_code == 200
     finally:
         server.stop()
+
+
+def test_configured_queues_are_listed_while_empty(tmp_path: Path) -> None:
+    server = start_server(
+        f"sqlite:///{tmp_path}/configured.db", tmp_path, args=("--queue", "watched")
+    )
+    try:
+        api = httpx.Client(base_url=server.base, timeout=30)
+        assert api.get("/v1/queues").json() == {"queues": ["watched"], "truncated": False}
+        api.post("/v1/queues/put", json={"queue": "busy", "payload": 1}).raise_for_status()
+        assert api.get("/v1/queues").json()["queues"] == ["busy", "watched"]
+        stats = {q["name"]: q["ready"] for q in api.get("/v1/dashboard").json()["queues"]}
+        assert stats == {"busy": 1, "watched": 0}
+        api.close()
+    finally:
+        server.stop()

@@ -48,3 +48,23 @@ def test_cli_queue_bad_input(tmp_path: Path) -> None:
     big = tq(tmp_path, "put", "jobs", "-", stdin=json.dumps("x" * 300_000))
     assert big.returncode == 2 and "256 KiB" in big.stderr
     assert tq(tmp_path, "requeue", "jobs").returncode == 2  # neither IDs nor --all
+
+
+def test_cli_queue_list(tmp_path: Path) -> None:
+    empty = tq(tmp_path, "list")
+    assert (empty.returncode, empty.stdout) == (0, "no queue holds messages\n")
+    for queue in ("jobs", "jobs:eu", "mail"):
+        assert tq(tmp_path, "put", queue, "1").returncode == 0
+    assert tq(tmp_path, "list").stdout.splitlines() == ["jobs", "jobs:eu", "mail"]
+    assert tq(tmp_path, "list", "jobs:").stdout.splitlines() == ["jobs:eu"]
+    assert tq(tmp_path, "list", "--max", "1").stdout.splitlines() == ["jobs"]
+    assert json.loads(tq(tmp_path, "list", "--json").stdout) == ["jobs", "jobs:eu", "mail"]
+    with_stats = tq(tmp_path, "list", "ma", "--stats").stdout.splitlines()
+    assert with_stats[0].split() == ["QUEUE", "READY", "DELAYED", "IN", "FLIGHT", "DEAD", "OLDEST"]
+    assert with_stats[1].split()[:5] == ["mail", "1", "0", "0", "0"]
+    rows = json.loads(tq(tmp_path, "list", "--stats", "--json").stdout)
+    assert [(r["name"], r["ready"]) for r in rows] == [("jobs", 1), ("jobs:eu", 1), ("mail", 1)]
+    none = tq(tmp_path, "list", "x")
+    assert none.stdout == "no queue holds messages starting with 'x'\n"
+    bad = tq(tmp_path, "list", "--max", "0")
+    assert bad.returncode == 2 and "--max" in bad.stderr and "Traceback" not in bad.stderr

@@ -44,6 +44,21 @@ def name(value: Any, arg: str = "name") -> str:
     return value
 
 
+def prefix(value: Any, arg: str = "prefix") -> bool:
+    """A name prefix for listings: any text ("" lists everything). Returns whether a name
+    can start with it at all: one with NUL or over :data:`MAX_NAME_BYTES` matches nothing
+    (a valid question with an empty answer, so the caller answers it without the store)."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{arg} must be a string, got {type(value).__name__}")
+    return _utf8_len(value, arg) <= MAX_NAME_BYTES and "\x00" not in value
+
+
+def max_count(value: Any, arg: str = "max_count") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise InvalidArgument(f"{arg} must be an integer from 1 to {MAX_LIMIT}, got {value!r}")
+    return value
+
+
 def holder(value: Any, arg: str = "holder") -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"{arg} must be a string, got {type(value).__name__}")

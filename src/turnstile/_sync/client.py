@@ -16,6 +16,7 @@ from .._core.queue_models import DEFAULT_DEDUP_WINDOW
 from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import Backend
+from .backends.queue_base import QueueBackend
 from .queue import Queue
 from .renewer import close_renewers
 from .semaphore import Lease, Lock, Semaphore
@@ -70,14 +71,8 @@ class Client:
         """A durable keyed FIFO queue: one message per key in flight, in put order; many
         keys in parallel; at most ``concurrency`` in flight in all (``None``: no cap).
         Raises :class:`~turnstile.NotSupported` on a backend without queues."""
-        queues = getattr(self.backend, "queues", None)
-        if queues is None:
-            raise NotSupported(
-                f"the {self.backend.characteristics.scheme}:// backend does not support "
-                "queues in this release"
-            )
         return Queue(
-            queues(),
+            self._queues(),
             name,
             visibility_timeout,
             max_attempts,
@@ -85,15 +80,34 @@ class Client:
             dedup_window=dedup_window,
         )
 
+    def _queues(self) -> QueueBackend:
+        queues = getattr(self.backend, "queues", None)
+        if queues is None:
+            raise NotSupported(
+                f"the {self.backend.characteristics.scheme}:// backend does not support "
+                "queues in this release"
+            )
+        backend: QueueBackend = queues()
+        return backend
+
+    def queue_names(self, prefix: str = "", max_count: int = 1000) -> list[str]:
+        """Queues that hold messages (ready, delayed, in flight or dead) whose names start
+        with ``prefix`` (literally): the first ``max_count`` in code-point order. A queue
+        whose every message was acked is not listed (it has nothing to show)."""
+        validate.max_count(max_count)
+        possible = validate.prefix(prefix)
+        queues = self._queues()
+        return queues.names(prefix, max_count) if possible else []
+
     def status(self, name: str) -> Status:
         return self.backend.status(validate.name(name))
 
     def names(self, prefix: str = "", max_count: int = 1000) -> list[str]:
-        """Names that have holders or waiters right now."""
-        if not isinstance(prefix, str):
-            raise InvalidArgument("prefix must be a string")
-        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
-            raise InvalidArgument("max_count must be an integer of at least 1")
+        """Names that have holders or waiters right now and start with ``prefix``
+        (literally): the first ``max_count`` in code-point order."""
+        validate.max_count(max_count)
+        if not validate.prefix(prefix):
+            return []  # no name can start with it
         return self.backend.names(prefix, max_count)
 
     def sequential(

@@ -18,7 +18,7 @@ from .._core.queue_models import (
     PutResult,
     QueueStats,
 )
-from .redis_common import key_base
+from .redis_common import glob_escape, key_base
 
 OPERATIONS = (
     "put",
@@ -31,6 +31,7 @@ OPERATIONS = (
     "requeue",
     "purge",
     "unregister",
+    "names",
 )
 KEY_SUFFIXES = (
     "meta",
@@ -64,6 +65,11 @@ def queue_base(prefix: str, name: str) -> str:
 
 def queue_keys(base: str) -> list[str]:
     return [base + suffix for suffix in KEY_SUFFIXES]
+
+
+def meta_pattern(prefix: str) -> str:
+    """SCAN pattern matching the ``meta`` key of every queue under ``prefix``."""
+    return glob_escape(prefix) + "{*}:q:meta"
 
 
 def signal_key(base: str, waiter: str) -> str:

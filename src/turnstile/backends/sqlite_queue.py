@@ -341,6 +341,24 @@ class SQLiteQueueStore:
 
         return self._tx(name, step)
 
+    def names(self, prefix: str, max_count: int) -> list[str]:
+        """Queues with messages, from ``prefix`` on in code-point order (SQLite compares
+        TEXT as UTF-8 bytes, which is code-point order): one index seek per queue found."""
+
+        def step(conn: sqlite3.Connection) -> list[str]:
+            found: list[str] = []
+            row = conn.execute(
+                f"SELECT queue FROM {M} WHERE queue >= ? ORDER BY queue LIMIT 1", (prefix,)
+            ).fetchone()
+            while row is not None and row[0].startswith(prefix) and len(found) < max_count:
+                found.append(row[0])
+                row = conn.execute(
+                    f"SELECT queue FROM {M} WHERE queue > ? ORDER BY queue LIMIT 1", (row[0],)
+                ).fetchone()
+            return found
+
+        return self.store._run(step, write=False)
+
     def unregister(self, name: str, waiter: str) -> None:
         def step(conn: sqlite3.Connection, now: float) -> tuple[None, int]:
             conn.execute(

@@ -1,4 +1,4 @@
-"""``turnstile queue put|get|ack|nack|stats|dead|requeue|purge``: the keyed FIFO queue from
+"""``turnstile queue list|put|get|ack|nack|stats|dead|requeue|purge``: the keyed FIFO queue from
 the shell (see docs/queue.md)."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from . import _common
 
 EPILOG = """\
 examples:
+  turnstile queue list                                 # queues holding messages
+  turnstile queue list webhooks- --stats               # names from a prefix, with counts
   turnstile queue put webhooks '{"order": 42, "event": "paid"}' --key order-42
   echo '{"n": 1}' | turnstile queue put jobs - --dedup-id evt-1
   turnstile queue get webhooks --timeout 30            # prints id, receipt, payload as JSON
@@ -48,6 +50,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p = _common.command_parser(sub, name, help=help, description=help)
         p.add_argument("queue", metavar="QUEUE", type=_common.name_type("QUEUE"), help="queue name")
         return p
+
+    p = _common.command_parser(
+        sub, "list", help="list queues that hold messages",
+        description="List the queues that hold messages (ready, delayed, in flight or dead), "
+        "in code-point order.",
+    )
+    p.add_argument("prefix", metavar="PREFIX", nargs="?", default="",
+                   help="only queues whose names start with PREFIX (taken literally)")
+    p.add_argument("--max", metavar="N", type=_common.int_type("--max", 1, qm.MAX_LIST),
+                   default=1000, help="at most N queues (default 1000)")
+    p.add_argument("--stats", action="store_true",
+                   help="with each queue's ready, delayed, in flight and dead counts")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=list_command)
 
     p = action("put", "record a message; prints its id")
     p.add_argument("payload", metavar="PAYLOAD", help="JSON, or - to read it from stdin")
@@ -108,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
-    _common.error("choose an action: put, get, ack, nack, stats, dead, requeue, purge "
+    _common.error("choose an action: list, put, get, ack, nack, stats, dead, requeue, purge "
                   "(see: turnstile queue --help)")
     return _common.EXIT_USAGE
 
@@ -145,6 +161,30 @@ def _payload(args: argparse.Namespace) -> Any:
         raise InvalidArgument(
             f"PAYLOAD must be JSON ({exc}); quote strings ('\"text\"') or pass --raw for bytes"
         ) from None
+
+
+def list_command(args: argparse.Namespace) -> int:
+    with _common.connect(args) as client:
+        names = client.queue_names(args.prefix, args.max)
+        stats = [client.queue(n).stats(top_keys=1) for n in names] if args.stats else []
+    if args.json:
+        _print_json([s.to_dict() for s in stats] if args.stats else names)
+        return _common.EXIT_OK
+    if not names:
+        where = f" starting with {_common.printable(args.prefix)!r}" if args.prefix else ""
+        print(f"no queue holds messages{where}")
+        return _common.EXIT_OK
+    if not args.stats:
+        print("\n".join(_common.printable(n) for n in names))
+        return _common.EXIT_OK
+    width = max(5, *(len(_common.printable(s.name)) for s in stats))
+    print(f"{'QUEUE':<{width}}  {'READY':>7}  {'DELAYED':>7}  {'IN FLIGHT':>9}  {'DEAD':>7}"
+          "  OLDEST")
+    for s in stats:
+        age = "-" if s.oldest_age is None else _common.duration(s.oldest_age)
+        print(f"{_common.printable(s.name):<{width}}  {s.ready:>7}  {s.delayed:>7}  "
+              f"{s.in_flight:>9}  {s.dead:>7}  {age}")
+    return _common.EXIT_OK
 
 
 def put_command(args: argparse.Namespace) -> int:

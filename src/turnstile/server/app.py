@@ -188,7 +188,7 @@ def create_app(config: ServerConfig | None = None, client: AsyncClient | None = 
     add("/v1/info", info, ["GET"])
     add("/v1/dashboard", dashboard_data, ["GET"], ("since",))
     add("/v1/admin/force-release", locks.force_release, ["POST"])
-    add("/v1/queues", queues.known, ["GET"])
+    add("/v1/queues", queues.names, ["GET"], ("prefix", "max_count"))
     add("/v1/queues/put", queues.put, ["POST"])
     add("/v1/queues/get", queues.get, ["POST"])
     add("/v1/queues/claim", queues.claim, ["POST"])

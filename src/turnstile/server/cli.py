@@ -89,8 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         action="append",
         default=[],
-        help="a queue to show on the dashboard and in /metrics from the start (repeatable; "
-        "queues used through the service are added as they are used)",
+        help="a queue to show on the dashboard and in /metrics even while it is empty "
+        "(repeatable; every queue that holds messages is shown anyway)",
     )
     parser.add_argument(
         "--ready-file",

@@ -23,13 +23,12 @@ from .auth import Principal, bearer, is_loopback_host_header
 from .config import ServerConfig
 from .errors import ApiError
 from .metrics import Metrics
-from .observe import Bounded, EventLog, Tracker
+from .observe import EventLog, Tracker
 
 log = logging.getLogger("turnstile.server")
 T = TypeVar("T")
 
 MAX_LIST = 10_000
-MAX_KNOWN_QUEUES = 1000
 
 
 class Service:
@@ -44,11 +43,9 @@ class Service:
         self.tracker = Tracker(self.events, self.metrics)
         self.started = time.time()
         self.closing = asyncio.Event()  # set when this instance starts shutting down
-        # Queues this instance knows: configured, or used through it (the store keeps no
-        # list of queues). Only for the dashboard and /metrics.
-        self._queues: Bounded[str, None] = Bounded(MAX_KNOWN_QUEUES)
-        for name in config.queues:
-            self._queues.put(name, None)
+        # Queues configured with --queue: listed even while empty (the store lists only
+        # queues that hold messages).
+        self._configured = tuple(dict.fromkeys(config.queues))
         self._observer: asyncio.Task[None] | None = None
 
     @property
@@ -106,16 +103,24 @@ class Service:
             self.tracker.observe(status)
         return [s for s in statuses if s.holders or s.waiters], truncated
 
-    def queue_seen(self, name: str) -> None:
-        if name not in self._queues:
-            self._queues.put(name, None)
-
-    def known_queues(self, principal: Principal) -> list[str]:
-        return sorted(n for n in self._queues.ordered() if principal.can_read(n))
+    async def queue_names(
+        self, principal: Principal, prefix: str, max_count: int
+    ) -> tuple[list[str], bool]:
+        """Queues starting with ``prefix`` that ``principal`` may read: those holding
+        messages in the store, and the configured ones. The first ``max_count`` in
+        code-point order, and whether there were more."""
+        found = {n for n in self._configured if n.startswith(prefix) and principal.can_read(n)}
+        for allowed in principal.listing_prefixes(prefix):
+            try:
+                found.update(await self.client.queue_names(allowed, max_count + 1))
+            except NotSupported:
+                break
+        names = sorted(found)
+        return names[:max_count], len(names) > max_count
 
     async def queue_stats(self, principal: Principal, max_queues: int) -> list[QueueStats]:
-        """Stats of the known queues the principal may read (skipping any that fail)."""
-        names = self.known_queues(principal)[:max_queues]
+        """Stats of the queues the principal may read (skipping any that fail)."""
+        names, _ = await self.queue_names(principal, "", max_queues)
 
         async def one(name: str) -> QueueStats | None:
             try:

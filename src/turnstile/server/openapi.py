@@ -33,6 +33,22 @@ NAME: Schema = {
     "Names are data: ':', '/', '{', '}', spaces, quotes and emoji are fine.",
     "examples": ["order:42"],
 }
+# Query parameters of the listings (/v1/names, /v1/queues).
+LISTING: list[Schema] = [
+    {
+        "name": "prefix",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "Only names starting with this text, taken literally (default: all).",
+    },
+    {
+        "name": "max_count",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1000},
+    },
+]
 HOLDER: Schema = {
     "type": "string",
     "minLength": 1,
@@ -281,15 +297,7 @@ def document(config: ServerConfig) -> dict[str, Any]:
             "operationId": "names",
             "tags": ["locks", "semaphores"],
             "summary": "Names that have holders or waiters now (only those the token may read)",
-            "parameters": [
-                {"name": "prefix", "in": "query", "required": False, "schema": {"type": "string"}},
-                {
-                    "name": "max_count",
-                    "in": "query",
-                    "required": False,
-                    "schema": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1000},
-                },
-            ],
+            "parameters": LISTING,
             "responses": {
                 "200": {
                     "description": "OK",
@@ -596,14 +604,18 @@ def _queue_paths(config: ServerConfig) -> dict[str, Any]:
     }
     paths["/v1/queues"] = {
         "get": {
-            "operationId": "queues_known",
+            "operationId": "queues_list",
             "tags": [tag],
-            "summary": "Queues this instance knows (configured with --queue, or used through "
-            "it), that the token may read. The store keeps no list of queues.",
+            "summary": "Queues that hold messages (ready, delayed, in flight or dead), and "
+            "those configured with --queue, whose names start with `prefix`, that the token "
+            "may read; in code-point order.",
+            "parameters": LISTING,
             "responses": {
-                "200": _ok(_obj(["queues"], {"queues": {"type": "array",
-                                                        "items": {"type": "string"}}})),
-                **_errors(*AUTH_ERRORS, *STORE_ERRORS),
+                "200": _ok(_obj(["queues", "truncated"], {
+                    "queues": {"type": "array", "items": {"type": "string"}},
+                    "truncated": {"type": "boolean"},
+                })),
+                **_errors(*AUTH_ERRORS, 422, *STORE_ERRORS),
             },
         }
     }

@@ -19,7 +19,17 @@ from .._core import queue_models as qm
 from .._core import validate
 from .._core.queue_models import Delivery
 from ..errors import InvalidArgument, NotSupported
-from .common import CLOSING, DONE, Body, Ctx, integral, long_poll, query_int, shutting_down
+from .common import (
+    CLOSING,
+    DONE,
+    MAX_LIST,
+    Body,
+    Ctx,
+    integral,
+    long_poll,
+    query_int,
+    shutting_down,
+)
 
 SETTINGS = {"visibility_timeout", "max_attempts", "concurrency"}
 
@@ -30,7 +40,6 @@ def _name(ctx: Ctx, body: Body, *, write: bool) -> str:
         ctx.may_write(name)
     else:
         ctx.may_read(name)
-    ctx.service.queue_seen(name)
     return name
 
 
@@ -254,7 +263,10 @@ async def purge_dead(ctx: Ctx) -> Any:
     return {"purged": count}
 
 
-async def known(ctx: Ctx) -> Any:
-    """The queues this instance knows (configured, or used through it), that the token may
-    read. The store keeps no list of queues, so this is not every queue there is."""
-    return {"queues": ctx.service.known_queues(ctx.principal)}
+async def names(ctx: Ctx) -> Any:
+    """Queues that hold messages (and the ones configured with ``--queue``) whose names
+    start with ``prefix``, that the token may read."""
+    prefix = ctx.request.query_params.get("prefix", "")
+    max_count = query_int(ctx.request, "max_count", 1000, 1, MAX_LIST)
+    listed, truncated = await ctx.service.queue_names(ctx.principal, prefix, max_count)
+    return {"queues": listed, "truncated": truncated}

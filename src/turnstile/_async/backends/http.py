@@ -274,6 +274,12 @@ class AsyncHTTPQueueBackend:
         )
         return int(data["purged"])
 
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        data = await self._backend.call(
+            "GET", "/v1/queues", params={"prefix": prefix, "max_count": min(max_count, MAX_LIST)}
+        )
+        return list(data["queues"])
+
     async def open_waiter(self, name: str) -> AsyncQueueWaiter:
         raise NotSupported(
             "blocking gets over HTTP are long polls on the service (get), not local waiters"

@@ -126,3 +126,8 @@ class AsyncMemoryQueueBackend:
 
     async def open_waiter(self, name: str) -> AsyncMemoryQueueWaiter:
         return AsyncMemoryQueueWaiter(self, name)
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        with self._lock:
+            found = [n for n, s in self._states.items() if s.messages and n.startswith(prefix)]
+        return sorted(found)[:max_count]

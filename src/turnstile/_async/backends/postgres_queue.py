@@ -43,6 +43,10 @@ QUERIES = {
     "purge": "SELECT __SCHEMA__.queue_purge_dead(%(name)s::text, %(ids)s::text[],"
     " %(now)s::timestamptz)",
     "unregister": "SELECT __SCHEMA__.queue_unregister(%(name)s::text, %(waiter)s::text)",
+    # A plain read (no function: it changes nothing and needs no migration).
+    "names": "SELECT q.name FROM __SCHEMA__.queues q WHERE starts_with(q.name, %(prefix)s::text)"
+    " AND EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m WHERE m.queue_id = q.id)"
+    " ORDER BY q.name LIMIT %(max)s::integer",
 }
 
 
@@ -158,6 +162,12 @@ class AsyncPostgresQueueBackend:
 
     async def purge_dead(self, name: str, ids: list[str] | None) -> int:
         return int((await self._one("purge", {"name": name, "ids": ids}))[0])
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        rows = await self.backend._run(
+            self._q["names"], {"prefix": prefix, "max": max_count}, "list queues", many=True
+        )
+        return [r[0] for r in rows]
 
     async def open_waiter(self, name: str) -> AsyncPostgresQueueWaiter:
         listener = self.backend.listener

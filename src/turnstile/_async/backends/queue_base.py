@@ -71,6 +71,11 @@ class AsyncQueueBackend(Protocol):
 
     async def open_waiter(self, name: str) -> AsyncQueueWaiter: ...
 
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        """Queues that hold messages (ready, delayed, in flight or dead) and whose names
+        start with ``prefix``: the first ``max_count`` in code-point order."""
+        ...
+
     # Optional: a backend whose store side can wait itself (the HTTP service) may offer
     #
     #     async def get(self, name, *, wait, visibility_timeout, concurrency, max_attempts)

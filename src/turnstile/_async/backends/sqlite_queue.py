@@ -94,5 +94,8 @@ class AsyncSQLiteQueueBackend:
     async def open_waiter(self, name: str) -> AsyncSQLiteQueueWaiter:
         return AsyncSQLiteQueueWaiter(self.store, name)
 
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        return await _compat.run_blocking(self.store.names, prefix, max_count)
+
     def close(self) -> None:
         self.store.close()

@@ -275,6 +275,12 @@ class HTTPQueueBackend:
         )
         return int(data["purged"])
 
+    def names(self, prefix: str, max_count: int) -> list[str]:
+        data = self._backend.call(
+            "GET", "/v1/queues", params={"prefix": prefix, "max_count": min(max_count, MAX_LIST)}
+        )
+        return list(data["queues"])
+
     def open_waiter(self, name: str) -> QueueWaiter:
         raise NotSupported(
             "blocking gets over HTTP are long polls on the service (get), not local waiters"

@@ -127,3 +127,8 @@ class MemoryQueueBackend:
 
     def open_waiter(self, name: str) -> MemoryQueueWaiter:
         return MemoryQueueWaiter(self, name)
+
+    def names(self, prefix: str, max_count: int) -> list[str]:
+        with self._lock:
+            found = [n for n, s in self._states.items() if s.messages and n.startswith(prefix)]
+        return sorted(found)[:max_count]

@@ -72,6 +72,11 @@ class QueueBackend(Protocol):
 
     def open_waiter(self, name: str) -> QueueWaiter: ...
 
+    def names(self, prefix: str, max_count: int) -> list[str]:
+        """Queues that hold messages (ready, delayed, in flight or dead) and whose names
+        start with ``prefix``: the first ``max_count`` in code-point order."""
+        ...
+
     # Optional: a backend whose store side can wait itself (the HTTP service) may offer
     #
     #     def get(self, name, *, wait, visibility_timeout, concurrency, max_attempts)

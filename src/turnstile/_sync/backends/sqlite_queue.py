@@ -95,5 +95,8 @@ class SQLiteQueueBackend:
     def open_waiter(self, name: str) -> SQLiteQueueWaiter:
         return SQLiteQueueWaiter(self.store, name)
 
+    def names(self, prefix: str, max_count: int) -> list[str]:
+        return _compat.run_blocking(self.store.names, prefix, max_count)
+
     def close(self) -> None:
         self.store.close()
