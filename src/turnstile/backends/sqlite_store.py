@@ -36,6 +36,11 @@ T = TypeVar("T")
 
 ABSTRACT_SOCKETS = sys.platform.startswith("linux")
 BUSY_TIMEOUT = 30.0
+# Page size of a new database file. The rows are small (a lease is about 100 bytes), and a
+# commit appends every page it changed to the WAL: 1 KiB pages write a quarter of the bytes
+# per acquire and release than the default 4 KiB, measured about 20% faster
+# (benchmarks/results/sqlite.md). A file that exists keeps its page size.
+PAGE_SIZE = 1024
 # UPDATE ... RETURNING: SQLite 3.35 and later.
 RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
@@ -108,6 +113,9 @@ class SQLiteStore:
         """
         deadline = time.monotonic() + BUSY_TIMEOUT
         delay = 0.001
+        # Takes effect only while the file is still empty (before the switch to WAL below
+        # writes its first page); a no-op on an existing database.
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
         while True:
             try:
                 (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
