@@ -414,6 +414,65 @@ def rq_cleanup(server: str, name: str) -> None:
 
 
 # -- main --------------------------------------------------------------------------------------
+def _command(argv: list[str]) -> str:
+    """The exact command, with the server URLs it read from the environment (passwords
+    redacted), so that the results file says how to run it again."""
+    from turnstile._core.urls import redact
+
+    env = [f"{var}={redact(os.environ[var])}" for var in
+           ("TURNSTILE_TEST_REDIS_URL", "TURNSTILE_TEST_POSTGRES_URL") if os.environ.get(var)]
+    return " ".join([*env, "python benchmarks/bench_queue.py", *argv])
+
+
+def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
+            info: dict[str, Any]) -> list[str]:
+    """'Reading the results', from this run's numbers."""
+    rate = {(r.store, r.queue): r.per_second for r in throughput}
+    load = info.get("loadavg")
+    out = ["## Reading the results", ""]
+    out.append(f"- Compare rows of this run only: the machine is shared (load average at start "
+               f"{load[0]:.1f} on {info.get('nproc', '?')} cores), and absolute figures move "
+               "between runs." if load else "- Compare rows of this run only.")
+    by_queue = [r for r in webhooks if r.how == "by queue"]
+    by_lock = [r for r in webhooks if r.how == "by lock"]
+    if by_queue:
+        waits = ", ".join(f"{r.store} {r.worker_wait_s:.2f} s" for r in by_lock)
+        out.append(
+            "- **Webhooks.** By queue, no worker ever holds a webhook it cannot start (*worker "
+            "wait* 0) and order is kept by construction ("
+            f"{sum(r.order_violations for r in by_queue)} violations over "
+            f"{len(by_queue)} stores). By lock, workers spent in all {waits} waiting in line "
+            "while holding a webhook; two workers that take consecutive webhooks of one order "
+            "race to the lock, so order violations can appear there (with the queue they "
+            "cannot).")
+    sq = rate.get(("sqlite", "turnstile"))
+    rd = rate.get(("redis", "turnstile"))
+    if sq and rd:
+        out.append(
+            f"- **SQLite queue**: {sq:,.0f} messages/s, {sq / rd:.2f}x the Turnstile queue on "
+            "Redis in this run, on one host with no server. A claim walks the ready messages in "
+            "arrival order and takes the first that heads its key (one index seek when the "
+            "oldest is deliverable).")
+    pg = rate.get(("postgres", "turnstile"))
+    skip = rate.get(("postgres", "SKIP LOCKED table"))
+    if pg and skip:
+        out.append(
+            f"- **PostgreSQL queue**: {pg:,.0f} messages/s, {pg / skip:.2f}x the plain `SKIP "
+            "LOCKED` table. Every operation of one queue is serialised on the queue's row: "
+            "that keeps the global cap exact, the per-key order strict and wake-ups from being "
+            "missed (docs/queue.md), at three transactions per message (put, claim, ack). The "
+            "`SKIP LOCKED` table keeps none of those guarantees (no keys, no cap, and a "
+            "consumer's crash loses its message unless it holds a transaction open).")
+    rq = rate.get(("redis", "RQ (SimpleWorker)"))
+    if rq and rd:
+        out.append(
+            f"- **RQ** runs each message as a job with RQ's bookkeeping (job hash, registries, "
+            f"status updates): {rq:,.0f} messages/s with its `SimpleWorker`s, against "
+            f"{rd:,.0f} for the Turnstile queue on the same Redis ({rd / rq:.1f}x; one Lua "
+            "script per put, claim and ack).")
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -444,7 +503,8 @@ def main(argv: list[str]) -> int:
     rate = args.rate or (100.0 if q else 200.0)
     consumers = args.consumers or (2 if q else 4)
     scenario = WebhookScenario.random(orders, per_order, seed=1, spacing=spacing)
-    command = "python benchmarks/bench_queue.py " + " ".join(argv)
+    command = _command(argv)
+    info = machine_info(["redis", "psycopg", "rq"])  # before the runs: the load at start
 
     webhooks: list[WebhookRow] = []
     throughput: list[ThroughputRow] = []
@@ -477,7 +537,6 @@ def main(argv: list[str]) -> int:
                 messages, paced, rate, consumers,
                 "no keys, no cap, no visibility timeout; LISTEN/NOTIFY"))
 
-    info = machine_info(["redis", "psycopg", "rq"])
     lines = ["# Queue benchmark", "", *machine_lines(info, command), "",
              f"## Webhooks: by queue vs by lock ({scenario.name}, {workers} workers, "
              f"{work * 1000:g} ms of work each, arriving {spacing * 1000:g} ms apart)", "",
@@ -496,7 +555,7 @@ def main(argv: list[str]) -> int:
                  ["store", "queue", "messages/s", "put->start p50 ms", "p99 ms", "notes"],
                  [[r.store, r.queue, r.per_second, r.latency_p50_ms, r.latency_p99_ms, r.notes]
                   for r in throughput]),
-             ""]
+             "", *reading(webhooks, throughput, info)]
     text = "\n".join(lines)
     if args.json:
         print(to_json({"machine": info, "command": command, "webhooks": webhooks,

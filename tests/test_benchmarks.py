@@ -74,7 +74,9 @@ def test_quick_run_completes(script: Path, tmp_path: Path) -> None:
     if script.stem == "bench_queue":  # its own scenarios: webhooks by queue/lock, throughput
         assert {r["how"] for r in results["webhooks"]} == {"by lock", "by queue"}
         assert results["throughput"] and all(r["per_second"] > 0 for r in results["throughput"])
-        assert "- command: `python benchmarks/bench_queue.py" in output.read_text("utf-8")
+        text = output.read_text("utf-8")
+        assert "python benchmarks/bench_queue.py" in text.split("- command: `", 1)[1]
+        assert "## Reading the results" in text
         assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
         return
     assert results["uncontended"] and all(r["ops_per_s"] > 0 for r in results["uncontended"])
