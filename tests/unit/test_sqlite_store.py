@@ -279,3 +279,31 @@ def test_queue_claim_walks_the_backlog_in_order_without_sorting_it(tmp_path: Pat
     finally:
         queues.close()
         store.close()
+
+
+def test_a_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
+    """SQLite forbids using a connection carried across fork(): the child's first operation
+    opens a new one, and the parent's stays open and untouched for the parent."""
+    import os
+
+    store = SQLiteStore(str(tmp_path / "fork.db"))
+    try:
+        parent_conn = store._conn()
+        grant = store.acquire("n", "parent", 1, 5.0, 1.0, True).grant
+        assert grant is not None
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                child_conn = store._conn()
+                ok = child_conn is not parent_conn and store._all == [child_conn]
+                result = store.acquire("n", "child", 1, 5.0, 1.0, False)
+                code = 0 if ok and result.grant is None and store.status("n").holders else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert store._conn() is parent_conn  # the parent's connection is still its own
+        assert store.release("n", "parent", grant.token)
+    finally:
+        store.close()

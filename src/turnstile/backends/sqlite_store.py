@@ -28,7 +28,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TypeVar
 
-from .._core import model
+from .._core import forks, model
 from .._core.models import AcquireResult, Grant, Status
 from ..errors import BackendUnavailable, ConfigurationError
 
@@ -73,6 +73,7 @@ class SQLiteStore:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._closed = False
+        self._forks = forks.generation()
         real = os.path.realpath(path)
         # Identifies this database file; seeds the wake-up addresses of its waiters.
         self.identity = hashlib.sha256(real.encode("utf-8", "surrogatepass")).digest()
@@ -83,6 +84,8 @@ class SQLiteStore:
     def _conn(self) -> sqlite3.Connection:
         if self._closed:  # before the cached connection, which close() has closed
             raise BackendUnavailable("the SQLite client is closed")
+        if self._forks != forks.generation():
+            self._after_fork()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
@@ -100,6 +103,15 @@ class SQLiteStore:
         with self._all_lock:
             self._all.append(conn)
         return conn
+
+    def _after_fork(self) -> None:
+        """First use in a forked child: the connections copied from the parent are not ours
+        to use or close (SQLite forbids carrying one across fork); open new ones."""
+        forks.abandon(*self._all)
+        self._all = []
+        self._all_lock = threading.Lock()  # another thread may have held it at the fork
+        self._local = threading.local()
+        self._forks = forks.generation()
 
     @staticmethod
     def _use_wal(conn: sqlite3.Connection) -> None:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import base64
 import os
 import ssl
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import SplitResult, urlunsplit
 
 import httpx
 
+from ..._core import forks
 from ..._core.models import (
     AcquireResult,
     Characteristics,
@@ -316,9 +318,13 @@ class AsyncHTTPBackend:
         shown: str,
         scheme: str,
         timeout: float,
+        reopen: Callable[[], tuple[httpx.AsyncClient, httpx.AsyncClient]] | None = None,
     ) -> None:
         self._http = http  # operations: acquire steps, renewals, releases, status
         self._poll = poll  # long polls only, so waiters never hold up a renewal
+        # New clients like these two, for a forked child (see _core/forks.py).
+        self._reopen = reopen
+        self._forks = forks.generation()
         self._closed = False
         self._queues = AsyncHTTPQueueBackend(self)
         self._base = base
@@ -347,6 +353,7 @@ class AsyncHTTPBackend:
     ) -> Any:
         if self._closed:
             raise BackendUnavailable(f"the client of {self._shown} is closed")
+        self._check_fork()
         http = self._poll if poll else self._http
         try:
             response = await http.request(
@@ -373,6 +380,15 @@ class AsyncHTTPBackend:
             raise BackendUnavailable(
                 f"the Turnstile service at {self._shown} answered something other than JSON"
             ) from exc
+
+    def _check_fork(self) -> None:
+        """In a forked child: connections of its own. Keep-alive connections copied from the
+        parent would carry both processes' requests; they are abandoned, never closed."""
+        if self._forks == forks.generation() or self._reopen is None:
+            return
+        self._forks = forks.generation()
+        forks.abandon(self._http, self._poll)
+        self._http, self._poll = self._reopen()
 
     async def handshake(self) -> None:
         """Check that a Turnstile service answers and accepts the token; learn its store."""
@@ -475,6 +491,7 @@ class AsyncHTTPBackend:
         return AsyncHTTPWaiter(self, name, holder)
 
     async def ping(self) -> None:
+        self._check_fork()
         try:
             response = await self._http.get(self._base + "/healthz", timeout=self._timeout)
         except httpx.HTTPError as exc:
@@ -516,11 +533,14 @@ async def open_backend(
     if secret:
         headers["Authorization"] = f"Bearer {secret}"
     tls: bool | ssl.SSLContext = verify if isinstance(verify, bool) else _tls(verify)
-    http = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout)
-    # One connection per waiting long poll, however many wait at once.
-    unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=20)
-    poll = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout, limits=unbounded)
-    backend = AsyncHTTPBackend(http, poll, base, base, scheme, float(timeout))
+    def clients() -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+        http = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout)
+        # One connection per waiting long poll, however many wait at once.
+        unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+        poll = httpx.AsyncClient(headers=headers, verify=tls, timeout=timeout, limits=unbounded)
+        return http, poll
+
+    backend = AsyncHTTPBackend(*clients(), base, base, scheme, float(timeout), clients)
     try:
         await backend.handshake()
     except BaseException:

@@ -170,6 +170,7 @@ class AsyncPostgresQueueBackend:
         return [r[0] for r in rows]
 
     async def open_waiter(self, name: str) -> AsyncPostgresQueueWaiter:
+        await self.backend._check_fork()
         listener = self.backend.listener
         if listener is not None and listener.start():
             await listener.wait_first_attempt(

@@ -30,6 +30,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from ..._core import forks
 from ..._core.models import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
 from ...backends import postgres_sql as pg
 from ...errors import BackendUnavailable, ConfigurationError
@@ -255,6 +256,7 @@ class PostgresBackend:
     def __init__(self, config: pg.PostgresConfig, pool: ConnectionPool[Any]) -> None:
         self.config = config
         self._pool = pool
+        self._forks = forks.generation()
         self._closed = False
         self._q = {name: config.query(name) for name in pg.QUERIES}
         self.listener = Listener(config) if config.listen_conninfo is not None else None
@@ -271,6 +273,18 @@ class PostgresBackend:
             self._queues = PostgresQueueBackend(self)
         return self._queues
 
+    def _check_fork(self) -> None:
+        """In a forked child, before the first use: a pool and a LISTEN connection of its
+        own. The parent's are abandoned, never closed: closing a connection would end the
+        parent's session on the server (see ``_core/forks.py``)."""
+        if self._forks == forks.generation():
+            return
+        self._forks = forks.generation()
+        forks.abandon(self._pool, self.listener)
+        self._pool = _new_pool(self.config)
+        self.listener = Listener(self.config) if self.config.listen_conninfo else None
+        self._pool.open(wait=False)
+
     def _now(self) -> datetime.datetime | None:
         return None if self.clock_override is None else _utc(self.clock_override())
 
@@ -280,6 +294,7 @@ class PostgresBackend:
         """Run one statement (one autocommit transaction), retrying over dropped connections
         and restarts for up to ``retry_timeout``: every operation is idempotent per holder,
         so running it again after a failure whose outcome is unknown is safe."""
+        self._check_fork()
         deadline = time.monotonic() + self.config.retry_timeout
         pause = 0.0
         while True:
@@ -315,6 +330,7 @@ class PostgresBackend:
     def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
+        self._check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()
         row = self._run(
             self._q["acquire"],
@@ -381,6 +397,7 @@ class PostgresBackend:
         return [r[0] for r in rows]
 
     def open_waiter(self, name: str, holder: str) -> PostgresWaiter:
+        self._check_fork()
         listener = self.listener
         if listener is None:
             return PostgresWaiter(None, "")
@@ -452,6 +469,23 @@ def _migrate(conn: Connection[Any], config: pg.PostgresConfig) -> None:
                 conn.execute(q("record_version"), {"version": number, "name": filename})
 
 
+def _new_pool(config: pg.PostgresConfig) -> ConnectionPool[Any]:
+    """The client's connection pool, not opened yet."""
+    return ConnectionPool(
+        config.conninfo,
+        min_size=config.pool_min,
+        max_size=config.pool_max,
+        kwargs={"autocommit": True, "prepare_threshold": None},
+        open=False,
+        name="turnstile",
+        timeout=config.connect_timeout,
+        # No background reconnection with the pool's own backoff (1 s, doubling): a failed
+        # attempt gives up at once and the next operation that needs a connection opens one,
+        # so a client is back within milliseconds of the server (see _run's retries).
+        reconnect_timeout=0.0,
+    )
+
+
 def open_backend(url: str, parts: SplitResult) -> PostgresBackend:
     config = pg.parse_url(url, parts)
     try:
@@ -467,19 +501,7 @@ def open_backend(url: str, parts: SplitResult) -> PostgresBackend:
     finally:
         with contextlib.suppress(Exception):
             conn.close()
-    pool: ConnectionPool[Any] = ConnectionPool(
-        config.conninfo,
-        min_size=config.pool_min,
-        max_size=config.pool_max,
-        kwargs={"autocommit": True, "prepare_threshold": None},
-        open=False,
-        name="turnstile",
-        timeout=config.connect_timeout,
-        # No background reconnection with the pool's own backoff (1 s, doubling): a failed
-        # attempt gives up at once and the next operation that needs a connection opens one,
-        # so a client is back within milliseconds of the server (see _run's retries).
-        reconnect_timeout=0.0,
-    )
+    pool = _new_pool(config)
     try:
         pool.open(wait=False)
     except psycopg.Error as exc:

@@ -171,6 +171,7 @@ class PostgresQueueBackend:
         return [r[0] for r in rows]
 
     def open_waiter(self, name: str) -> PostgresQueueWaiter:
+        self.backend._check_fork()
         listener = self.backend.listener
         if listener is not None and listener.start():
             listener.wait_first_attempt(
