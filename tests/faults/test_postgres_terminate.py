@@ -20,7 +20,7 @@ from ._util import check_intervals, schema_url, spawn_worker, unique
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 WORKERS = 4
-ITERATIONS = 30
+ITERATIONS = 100
 TTL = 4.0
 
 
@@ -79,7 +79,7 @@ def test_killed_connections_lose_no_grant_and_grant_nothing_twice(pg_cluster: Cl
                         kind = "listen" if name.endswith(":listen") else (
                             "active" if state == "active" else "idle")
                         kills[kind] += 1
-                time.sleep(rng.uniform(0.02, 0.1))
+                time.sleep(rng.uniform(0.01, 0.05))
     finally:
         for p in procs:
             if p.poll() is None:
