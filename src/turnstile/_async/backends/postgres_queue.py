@@ -1,7 +1,8 @@
-"""Queues on ``postgresql://``: one SQL function per operation (migration
-``sql/postgres/migrations/0002_queue.sql``), run through the lock backend's pool and retry
-loop; a blocked consumer is woken by a NOTIFY naming it, dispatched by the client's one
-LISTEN connection (and polls with a short backoff while that connection is down)."""
+"""Queues on ``postgresql://``: one SQL function per operation (migrations
+``sql/postgres/migrations/0002_queue.sql`` and ``0004_queue_wake_channel.sql``), run through
+the lock backend's pool and retry loop; a blocked consumer is woken by a NOTIFY naming it on
+its client's own channel, dispatched by the client's one LISTEN connection (and polls with a
+short backoff while that connection is down)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ QUERIES = {
     " %(max)s::integer, %(window)s::float8, %(now)s::timestamptz)",
     "claim": "SELECT o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,"
     " o_now, o_retry_after FROM __SCHEMA__.queue_claim(%(name)s::text, %(receipt)s::text,"
-    " %(vt)s::float8, %(cap)s::integer, %(max)s::integer, %(waiter)s::text, %(now)s::timestamptz)",
+    " %(vt)s::float8, %(cap)s::integer, %(max)s::integer, %(waiter)s::text, %(now)s::timestamptz,"
+    " %(channel)s::text)",
     "ack": "SELECT __SCHEMA__.queue_ack(%(name)s::text, %(id)s::text, %(receipt)s::text,"
     " %(now)s::timestamptz)",
     "nack": "SELECT __SCHEMA__.queue_nack(%(name)s::text, %(id)s::text, %(receipt)s::text,"
@@ -104,11 +106,14 @@ class AsyncPostgresQueueBackend:
         max_attempts: int,
         waiter: str | None,
     ) -> ClaimResult:
+        # A consumer that may wait is woken on its client's own LISTEN channel (schema
+        # version 4); None: on the schema's channel.
+        channel = (self.backend._wake_channel() or None) if waiter is not None else None
         row = await self._one(
             "claim",
             {
                 "name": name, "receipt": receipt, "vt": visibility_timeout, "cap": concurrency,
-                "max": max_attempts, "waiter": waiter,
+                "max": max_attempts, "waiter": waiter, "channel": channel,
             },
         )
         found, mid, key, body, kind, attempt, enq, deadline, now, retry = row
