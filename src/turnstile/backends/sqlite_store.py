@@ -188,6 +188,8 @@ class SQLiteStore:
 
     def close(self) -> None:
         self._closed = True
+        if self._forks != forks.generation():
+            self._after_fork()  # a child closing what it inherited: leave the parent's alone
         with self._all_lock:
             conns, self._all = self._all, []
         for conn in conns:

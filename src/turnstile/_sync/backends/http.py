@@ -504,6 +504,11 @@ class HTTPBackend:
 
     def close(self) -> None:
         self._closed = True
+        if self._forks != forks.generation():
+            # A forked child closing a client it never used: the connections are the
+            # parent's (closing a TLS one would send its close_notify on the parent's behalf).
+            forks.abandon(self._http, self._poll)
+            return
         self._http.close()
         self._poll.close()
 

@@ -416,6 +416,11 @@ class PostgresBackend:
         if self._closed:
             return
         self._closed = True
+        if self._forks != forks.generation():
+            # A forked child closing a client it never used: the pool and LISTEN connection
+            # are the parent's, and closing them would end its sessions on the server.
+            forks.abandon(self._pool, self.listener)
+            return
         if self.listener is not None:
             self.listener.close()
         self._pool.close()
