@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import SplitResult
 
@@ -272,18 +273,35 @@ class AsyncRedisBackend:
         return common.status_result(name, await self._run("status", name, []))
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
+        async def probe(base: str) -> Any:
+            return await self._eval("probe", common.name_keys(base), [base])
+
+        # "<prefix>{T}:d" -> "<prefix>{T}:"
+        pattern = common.meta_pattern(self.config.prefix)
+        return await self.scan_names(pattern, "d", probe, prefix, max_count)
+
+    async def scan_names(
+        self,
+        pattern: str,
+        suffix: str,
+        probe: Callable[[str], Any],
+        prefix: str,
+        max_count: int,
+    ) -> list[str]:
+        """Names behind hash tags: SCAN (every master of a Cluster) for the keys matching
+        ``pattern``, cut ``suffix`` off each to get its key base, and ask ``probe(base)``
+        for the name ('' when it has nothing to show); the first ``max_count`` of those
+        starting with ``prefix``, in code-point order."""
         bases: list[str] = []
         try:
-            async for raw in self._client.scan_iter(
-                match=common.meta_pattern(self.config.prefix), count=1000
-            ):
+            async for raw in self._client.scan_iter(match=pattern, count=1000):
                 key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-                bases.append(key[:-1])  # "<prefix>{T}:d" -> "<prefix>{T}:"
+                bases.append(key[: -len(suffix)])
         except DRIVER_ERRORS as exc:
             raise self._unavailable("SCAN", exc) from exc
         found: set[str] = set()
         for base in bases:
-            reply = await self._eval("probe", common.name_keys(base), [base])
+            reply = await probe(base)
             name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
             if name and name.startswith(prefix):
                 found.add(name)

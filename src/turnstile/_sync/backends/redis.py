@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import SplitResult
 
@@ -273,18 +274,35 @@ class RedisBackend:
         return common.status_result(name, self._run("status", name, []))
 
     def names(self, prefix: str, max_count: int) -> list[str]:
+        def probe(base: str) -> Any:
+            return self._eval("probe", common.name_keys(base), [base])
+
+        # "<prefix>{T}:d" -> "<prefix>{T}:"
+        pattern = common.meta_pattern(self.config.prefix)
+        return self.scan_names(pattern, "d", probe, prefix, max_count)
+
+    def scan_names(
+        self,
+        pattern: str,
+        suffix: str,
+        probe: Callable[[str], Any],
+        prefix: str,
+        max_count: int,
+    ) -> list[str]:
+        """Names behind hash tags: SCAN (every master of a Cluster) for the keys matching
+        ``pattern``, cut ``suffix`` off each to get its key base, and ask ``probe(base)``
+        for the name ('' when it has nothing to show); the first ``max_count`` of those
+        starting with ``prefix``, in code-point order."""
         bases: list[str] = []
         try:
-            for raw in self._client.scan_iter(
-                match=common.meta_pattern(self.config.prefix), count=1000
-            ):
+            for raw in self._client.scan_iter(match=pattern, count=1000):
                 key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-                bases.append(key[:-1])  # "<prefix>{T}:d" -> "<prefix>{T}:"
+                bases.append(key[: -len(suffix)])
         except DRIVER_ERRORS as exc:
             raise self._unavailable("SCAN", exc) from exc
         found: set[str] = set()
         for base in bases:
-            reply = self._eval("probe", common.name_keys(base), [base])
+            reply = probe(base)
             name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
             if name and name.startswith(prefix):
                 found.add(name)

@@ -134,24 +134,15 @@ class RedisQueueBackend:
         return int(self._run("purge", name, list(ids or [])))
 
     def names(self, prefix: str, max_count: int) -> list[str]:
-        # The key layout hides names behind a hash tag: SCAN for every queue's meta key (on
-        # every master of a Cluster), then ask each queue for its name if it holds messages.
-        bases: list[str] = []
-        try:
-            for raw in self.backend._client.scan_iter(
-                match=qc.meta_pattern(self.backend.config.prefix), count=1000
-            ):
-                key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-                bases.append(key[: -len("meta")])  # "<prefix>{T}:q:meta" -> "<prefix>{T}:q:"
-            found: set[str] = set()
-            for base in bases:
-                reply = self._scripts["names"](keys=qc.queue_keys(base), args=[base])
-                name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
-                if name and name.startswith(prefix):
-                    found.add(name)
-        except DRIVER_ERRORS as exc:
-            raise self.backend._unavailable("list queues", exc) from exc
-        return sorted(found)[:max_count]
+        def probe(base: str) -> Any:  # the queue's name if it holds messages
+            try:
+                return self._scripts["names"](keys=qc.queue_keys(base), args=[base])
+            except DRIVER_ERRORS as exc:
+                raise self.backend._unavailable("list queues", exc) from exc
+
+        # "<prefix>{T}:q:meta" -> "<prefix>{T}:q:"
+        pattern = qc.meta_pattern(self.backend.config.prefix)
+        return self.backend.scan_names(pattern, "meta", probe, prefix, max_count)
 
     def open_waiter(self, name: str) -> RedisQueueWaiter:
         return RedisQueueWaiter(self, name)
