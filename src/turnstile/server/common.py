@@ -9,7 +9,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -88,14 +88,9 @@ class Service:
     async def look(self, principal: Principal, max_names: int) -> tuple[list[Status], bool]:
         """Current status of the names ``principal`` may read (at most ``max_names``), fed to
         the tracker so that expiries and grants made elsewhere become events."""
-        found: set[str] = set()
-        for prefix in principal.listing_prefixes(""):
-            found.update(await self.client.names(prefix, max_names + 1))
-        names = sorted(found)
-        truncated = len(names) > max_names
-        names = names[:max_names]
-        listed = set(names)
-        revisit = [n for n in self.tracker.known_names(principal) if n not in listed]
+        names, truncated = await listed(principal, "", max_names, self.client.names)
+        listed_now = set(names)
+        revisit = [n for n in self.tracker.known_names(principal) if n not in listed_now]
         statuses = await _gather(
             [self.client.status(n) for n in names + revisit[:max_names]], limit=8
         )
@@ -109,14 +104,13 @@ class Service:
         """Queues starting with ``prefix`` that ``principal`` may read: those holding
         messages in the store, and the configured ones. The first ``max_count`` in
         code-point order, and whether there were more."""
-        found = {n for n in self._configured if n.startswith(prefix) and principal.can_read(n)}
-        for allowed in principal.listing_prefixes(prefix):
-            try:
-                found.update(await self.client.queue_names(allowed, max_count + 1))
-            except NotSupported:
-                break
-        names = sorted(found)
-        return names[:max_count], len(names) > max_count
+        configured = [n for n in self._configured if n.startswith(prefix) and principal.can_read(n)]
+        try:
+            return await listed(
+                principal, prefix, max_count, self.client.queue_names, also=configured
+            )
+        except NotSupported:
+            return sorted(configured)[:max_count], len(configured) > max_count
 
     async def queue_stats(self, principal: Principal, max_queues: int) -> list[QueueStats]:
         """Stats of the queues the principal may read (skipping any that fail)."""
@@ -152,6 +146,24 @@ class Service:
                 {"WWW-Authenticate": 'Bearer realm="turnstile"'},
             )
         return principal
+
+
+async def listed(
+    principal: Principal,
+    prefix: str,
+    max_count: int,
+    fetch: Callable[[str, int], Awaitable[list[str]]],
+    *,
+    also: Iterable[str] = (),
+) -> tuple[list[str], bool]:
+    """A listing of the store's names starting with ``prefix`` that ``principal`` may read
+    (``fetch(store_prefix, max_count)`` once per prefix it may read, plus ``also``): the
+    first ``max_count`` in code-point order, and whether there were more."""
+    found = set(also)
+    for allowed in principal.listing_prefixes(prefix):
+        found.update(await fetch(allowed, max_count + 1))
+    names = sorted(found)
+    return names[:max_count], len(names) > max_count
 
 
 async def _gather(coros: list[Coroutine[Any, Any, T]], limit: int) -> list[T]:
