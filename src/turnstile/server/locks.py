@@ -23,6 +23,7 @@ from .common import (
     bool_field,
     integral,
     lease_dict,
+    listed,
     long_poll,
     new_holder,
     query_int,
@@ -182,11 +183,8 @@ async def wait(ctx: Ctx, kind: str) -> Any:
 async def names(ctx: Ctx) -> Any:
     prefix = ctx.request.query_params.get("prefix", "")
     max_count = query_int(ctx.request, "max_count", 1000, 1, MAX_LIST)
-    found: set[str] = set()
-    for allowed in ctx.principal.listing_prefixes(prefix):
-        found.update(await ctx.client.names(allowed, max_count))
-    listed = sorted(found)
-    return {"names": listed[:max_count], "truncated": len(listed) > max_count}
+    names, truncated = await listed(ctx.principal, prefix, max_count, ctx.client.names)
+    return {"names": names, "truncated": truncated}
 
 
 async def force_release(ctx: Ctx) -> Any:
