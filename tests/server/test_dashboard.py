@@ -97,8 +97,12 @@ def test_dashboard_live_view_screenshot_and_admin_actions(
         late = client.lock("a:late", ttl=30).acquire(timeout=5, holder="late-holder")
         page.wait_for_selector("[data-testid=holder] >> text=late-holder", timeout=10_000)
         assert page.evaluate("window.__same_page") == 42
-        # An expiry the service observed (nobody released it) becomes an event.
-        client.lock("a:short", ttl=0.3).acquire(timeout=5, holder="sleepy")
+        # An expiry the service observed (nobody released it) becomes an event. A look must
+        # first see the lease held (a lease that comes and goes between two looks is never
+        # seen, as docs/http.md says): a ttl of several observe intervals, and the page
+        # showing the holder, make sure of that before it runs out.
+        client.lock("a:short", ttl=1.5).acquire(timeout=5, holder="sleepy")
+        page.wait_for_selector("[data-testid=holder] >> text=sleepy", timeout=10_000)
         page.wait_for_selector("[data-testid=event] >> text=expired", timeout=10_000)
         events = page.locator("[data-testid=events]").inner_text()
         assert "a:short" in events and "observed" in events
