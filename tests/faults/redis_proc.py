@@ -198,7 +198,7 @@ class CuttingProxy:
                         return
                     else:
                         client.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: select() on a socket closed meanwhile
             return
         finally:
             for s in (client, server):
