@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
-from ._core.queue_models import MAX_PAYLOAD_BYTES, DeadLetter, KeyDepth, QueueStats, WorkResult
-from ._core.validate import MAX_NAME_BYTES
+from ._core.records import (
+    Characteristics,
+    DeadLetter,
+    HolderInfo,
+    KeyDepth,
+    QueueStats,
+    Status,
+    WaiterInfo,
+    WorkResult,
+)
+from ._core.validate import MAX_NAME_BYTES, MAX_PAYLOAD_BYTES
 from ._sync.client import Client
 from ._sync.client import connect as _connect
 from ._sync.queue import Message, Queue

@@ -14,8 +14,17 @@ from ._async.client import AsyncClient
 from ._async.client import connect as _connect
 from ._async.queue import AsyncMessage, AsyncQueue
 from ._async.semaphore import AsyncLease, AsyncLock, AsyncSemaphore, AsyncTicket
-from ._core.models import Characteristics, HolderInfo, Status, WaiterInfo
-from ._core.queue_models import MAX_PAYLOAD_BYTES, DeadLetter, KeyDepth, QueueStats, WorkResult
+from ._core.records import (
+    Characteristics,
+    DeadLetter,
+    HolderInfo,
+    KeyDepth,
+    QueueStats,
+    Status,
+    WaiterInfo,
+    WorkResult,
+)
+from ._core.validate import MAX_PAYLOAD_BYTES
 from .errors import (
     AccessDenied,
     AcquireTimeout,

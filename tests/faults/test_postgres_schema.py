@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import turnstile
-from turnstile.backends import postgres_sql as pg
+from turnstile.stores.postgres import sql as pg
 
 from ._pgcluster import Cluster
 from ._util import ROOT, schema_url, unique

@@ -11,7 +11,7 @@ import pytest
 from redis.crc import key_slot
 
 import turnstile
-from turnstile.backends import redis_common
+from turnstile.stores.redis import locks as redis_common
 
 from .redis_proc import move_slot, redis_cluster, wait_until
 

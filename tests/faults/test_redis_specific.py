@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 import turnstile
 import turnstile.aio
-from turnstile.backends import redis_common
+from turnstile.stores.redis import locks as redis_common
 
 from .redis_proc import RedisProcess, free_port, redis_process
 

@@ -15,7 +15,7 @@ import pytest
 
 import turnstile
 from turnstile._sync.backends.postgres import PostgresWaiter
-from turnstile.backends import postgres_sql as pg
+from turnstile.stores.postgres import sql as pg
 
 pytestmark = pytest.mark.postgres
 

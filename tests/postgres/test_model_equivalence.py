@@ -1,4 +1,4 @@
-"""The SQL functions against the reference state machine (turnstile/_core/model.py), step for
+"""The SQL functions against the reference state machine (turnstile/_core/lock_machine.py), step for
 step, on a virtual clock: random operations on a few names, the same answers (grants, tokens,
 times, positions, retry_after, status, names) and the same NOTIFY wake-ups, in order, each
 carrying exactly the grant the model made, for the waiting entry the waiter was told of."""
@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 import turnstile
-from turnstile._core import model
-from turnstile.backends import postgres_sql as pg
+from turnstile._core import lock_machine
+from turnstile.stores.postgres import sql as pg
 
 pytestmark = pytest.mark.postgres
 
@@ -27,10 +27,10 @@ TTLS = [0.25, 0.5, 1.0, 2.0, 3.0]
 
 
 class Reference:
-    """model.py with one token counter per name, as the PostgreSQL schema keeps it."""
+    """lock_machine.py with one token counter per name, as the PostgreSQL schema keeps it."""
 
     def __init__(self) -> None:
-        self.states: dict[str, model.NameState] = {}
+        self.states: dict[str, lock_machine.NameState] = {}
         self.last: dict[str, int] = {}
         # One wake-up per hand-over, with the grant it carries: (key, holder, token, acquired
         # at, expires at), the model's grant at the moment it was made.
@@ -38,7 +38,7 @@ class Reference:
 
     def _tokens(self, name: str, now: float) -> Any:
         def next_token() -> int:
-            self.last[name] = model.clock_token(self.last.get(name, 0), now)
+            self.last[name] = lock_machine.clock_token(self.last.get(name, 0), now)
             return self.last[name]
 
         return next_token
@@ -53,8 +53,8 @@ class Reference:
             del self.states[name]
 
     def acquire(self, now: float, name: str, holder: str, **kw: Any) -> Any:
-        state = self.states.setdefault(name, model.NameState(limit=kw["limit"]))
-        result, woken = model.acquire(
+        state = self.states.setdefault(name, lock_machine.NameState(limit=kw["limit"]))
+        result, woken = lock_machine.acquire(
             state, name=name, holder=holder, now=now, next_token=self._tokens(name, now), **kw
         )
         self._settle(name, woken)
@@ -63,8 +63,11 @@ class Reference:
     def release(self, now: float, name: str, holder: str, token: int | None) -> bool:
         if name not in self.states:
             return False
-        released, woken = model.release(
-            self.states[name], holder=holder, token=token, now=now,
+        released, woken = lock_machine.release(
+            self.states[name],
+            holder=holder,
+            token=token,
+            now=now,
             next_token=self._tokens(name, now),
         )
         self._settle(name, woken)
@@ -73,18 +76,24 @@ class Reference:
     def renew(self, now: float, name: str, holder: str, token: int, ttl: float) -> Any:
         if name not in self.states:
             return None
-        return model.renew(self.states[name], name=name, holder=holder, token=token, ttl=ttl,
-                           now=now)
+        return lock_machine.renew(
+            self.states[name], name=name, holder=holder, token=token, ttl=ttl, now=now
+        )
 
     def status(self, now: float, name: str) -> Any:
-        return model.status(self.states.get(name) or model.NameState(), name=name, now=now)
+        return lock_machine.status(
+            self.states.get(name) or lock_machine.NameState(), name=name, now=now
+        )
 
     def names(self, now: float, prefix: str, max_count: int) -> list[str]:
         live = [
-            n for n, s in self.states.items()
+            n
+            for n, s in self.states.items()
             if n.startswith(prefix)
-            and (any(h.expires_at > now for h in s.holders.values())
-                 or any(w.expires_at > now for w in s.waiters))
+            and (
+                any(h.expires_at > now for h in s.holders.values())
+                or any(w.expires_at > now for w in s.waiters)
+            )
         ]
         return sorted(live)[:max_count]
 
@@ -111,8 +120,7 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
             clock[0] += GRID * rng.choice([0, 0, 1, 4, 16, 32, 64, 128])
             now = clock[0]
             name, holder = rng.choice(NAMES), rng.choice(HOLDERS)
-            op = rng.choices(["acquire", "release", "renew", "status", "names"],
-                             [6, 3, 2, 1, 1])[0]
+            op = rng.choices(["acquire", "release", "renew", "status", "names"], [6, 3, 2, 1, 1])[0]
             where = f"seed {seed} step {step}: {op} {name!r} {holder!r} at +{now - T0}"
             if op == "acquire":
                 kw = {
@@ -181,4 +189,3 @@ def _expect(
 def _parse(payload: str) -> tuple[str, int, int, float, float]:
     key, seq, token, acquired_at, expires_at = payload.split(" ")
     return key, int(seq), int(token), float(acquired_at), float(expires_at)
-

@@ -1,4 +1,4 @@
-"""The PostgreSQL queue functions (migration 0002) held to ``_core/queue_model.py``: the same
+"""The PostgreSQL queue functions (migration 0002) held to ``_core/queue_machine.py``: the same
 random operations on the same virtual clock (``p_now``) must give identical answers and wake
 the same waiters (checked through the NOTIFYs the functions send)."""
 
@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 import turnstile
-from turnstile._core import queue_model as qmod
-from turnstile._core.queue_models import KIND_JSON, NewMessage
+from turnstile._core import queue_machine as qmod
+from turnstile._core.records import KIND_JSON, NewMessage
 from turnstile._sync.backends.postgres_queue import wake_key
 
 

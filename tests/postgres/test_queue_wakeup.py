@@ -13,7 +13,7 @@ import pytest
 
 import turnstile
 from turnstile._sync.backends.postgres_queue import wake_key
-from turnstile.backends import postgres_sql as pg
+from turnstile.stores.postgres import sql as pg
 
 pytestmark = pytest.mark.postgres
 

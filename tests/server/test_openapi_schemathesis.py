@@ -17,7 +17,7 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
 from tests.http_server import ServerProcess, start_server  # noqa: E402
-from turnstile._core import queue_models as qm  # noqa: E402
+from turnstile._core import validate  # noqa: E402
 from turnstile._core.validate import MAX_HOLDER_BYTES, MAX_NAME_BYTES  # noqa: E402
 
 EXAMPLES = int(os.environ.get("TURNSTILE_SCHEMATHESIS_EXAMPLES", "30"))
@@ -27,9 +27,12 @@ EXAMPLES = int(os.environ.get("TURNSTILE_SCHEMATHESIS_EXAMPLES", "30"))
 def schema_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("schemathesis")
     # Short long-polls: the document then allows at most 1 s of waiting per request.
-    server = start_server(f"sqlite:///{tmp}/turnstile.db", tmp,
-                          tokens=[{"name": "admin", "admin": True}],
-                          args=("--max-wait", "1", "--max-body", "65536"))
+    server = start_server(
+        f"sqlite:///{tmp}/turnstile.db",
+        tmp,
+        tokens=[{"name": "admin", "admin": True}],
+        args=("--max-wait", "1", "--max-body", "65536"),
+    )
     try:
         yield server
     finally:
@@ -42,9 +45,15 @@ def within_byte_limits(case: Any) -> bool:
     cases over the byte limits are not valid, so they are dropped here."""
     body = case.body if isinstance(case.body, dict) else {}
     values = {**body, **(case.query or {})}
-    limits = (("name", MAX_NAME_BYTES), ("holder", MAX_HOLDER_BYTES), ("queue", MAX_NAME_BYTES),
-              ("key", qm.MAX_KEY_BYTES), ("dedup_id", qm.MAX_DEDUP_ID_BYTES), ("id", 256),
-              ("receipt", 256))
+    limits = (
+        ("name", MAX_NAME_BYTES),
+        ("holder", MAX_HOLDER_BYTES),
+        ("queue", MAX_NAME_BYTES),
+        ("key", validate.MAX_KEY_BYTES),
+        ("dedup_id", validate.MAX_DEDUP_ID_BYTES),
+        ("id", 256),
+        ("receipt", 256),
+    )
 
     def too_long(value: object, limit: int) -> bool:
         return isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > limit

@@ -1,4 +1,4 @@
-"""The reference state machine (turnstile._core.model), driven with explicit store times."""
+"""The reference state machine (turnstile._core.lock_machine), driven with explicit store times."""
 
 from __future__ import annotations
 
@@ -8,21 +8,21 @@ from collections.abc import Callable
 
 import pytest
 
-from turnstile._core import model
-from turnstile._core.models import AcquireResult
+from turnstile._core import lock_machine
+from turnstile._core.records import AcquireResult
 
 
 class Store:
     """One name's state plus a token counter, stepping the model at chosen instants."""
 
     def __init__(self, limit: int = 1) -> None:
-        self.state = model.NameState(limit=limit)
+        self.state = lock_machine.NameState(limit=limit)
         self.last = 0
         self.limit = limit
 
     def tokens(self, now: float) -> Callable[[], int]:
         def next_token() -> int:
-            self.last = model.clock_token(self.last, now)
+            self.last = lock_machine.clock_token(self.last, now)
             return self.last
 
         return next_token
@@ -37,7 +37,7 @@ class Store:
         enqueue: bool = True,
         limit: int | None = None,
     ) -> tuple[AcquireResult, list[str]]:
-        return model.acquire(
+        return lock_machine.acquire(
             self.state,
             name="n",
             holder=holder,
@@ -50,24 +50,24 @@ class Store:
         )
 
     def release(self, holder: str, now: float, token: int | None = None) -> tuple[bool, list[str]]:
-        return model.release(
+        return lock_machine.release(
             self.state, holder=holder, token=token, now=now, next_token=self.tokens(now)
         )
 
     def holders(self, now: float) -> list[str]:
-        return [h.holder for h in model.status(self.state, name="n", now=now).holders]
+        return [h.holder for h in lock_machine.status(self.state, name="n", now=now).holders]
 
     def waiters(self, now: float) -> list[str]:
-        return [w.holder for w in model.status(self.state, name="n", now=now).waiters]
+        return [w.holder for w in lock_machine.status(self.state, name="n", now=now).waiters]
 
 
 def test_clock_token_is_above_last_and_the_clock() -> None:
-    assert model.clock_token(0, 1.5) == 1_500_000
-    assert model.clock_token(2_000_000, 1.5) == 2_000_001  # a clock that stepped back
-    assert model.clock_token(0, 0.0) == 1
+    assert lock_machine.clock_token(0, 1.5) == 1_500_000
+    assert lock_machine.clock_token(2_000_000, 1.5) == 2_000_001  # a clock that stepped back
+    assert lock_machine.clock_token(0, 0.0) == 1
     tokens = [0]
     for now in (5.0, 5.0, 5.0, 4.0, 6.0):
-        tokens.append(model.clock_token(tokens[-1], now))
+        tokens.append(lock_machine.clock_token(tokens[-1], now))
     assert all(a < b for a, b in itertools.pairwise(tokens))
 
 
@@ -207,16 +207,17 @@ def test_renew() -> None:
     s = Store(limit=1)
     a, _ = s.acquire("a", 0.0, ttl=1.0)
     assert a.grant is not None
-    g = model.renew(s.state, name="n", holder="a", token=a.grant.token, ttl=5.0, now=0.5)
+    g = lock_machine.renew(s.state, name="n", holder="a", token=a.grant.token, ttl=5.0, now=0.5)
     assert g is not None and g.expires_at == 5.5 and g.acquired_at == 0.0
     assert (
-        model.renew(s.state, name="n", holder="a", token=a.grant.token + 1, ttl=5.0, now=0.6)
+        lock_machine.renew(s.state, name="n", holder="a", token=a.grant.token + 1, ttl=5.0, now=0.6)
         is None
     )
     assert (
-        model.renew(s.state, name="n", holder="a", token=a.grant.token, ttl=5.0, now=5.5) is None
+        lock_machine.renew(s.state, name="n", holder="a", token=a.grant.token, ttl=5.0, now=5.5)
+        is None
     )  # expired exactly now
-    assert model.renew(s.state, name="n", holder="zz", token=1, ttl=5.0, now=0.1) is None
+    assert lock_machine.renew(s.state, name="n", holder="zz", token=1, ttl=5.0, now=0.1) is None
 
 
 def test_renew_claims_an_unclaimed_grant() -> None:
@@ -225,7 +226,7 @@ def test_renew_claims_an_unclaimed_grant() -> None:
     s.acquire("b", 0.0, ttl=10.0, wait_ttl=1.0)
     s.release("a", 0.1)
     token = s.state.holders["b"].token
-    g = model.renew(s.state, name="n", holder="b", token=token, ttl=10.0, now=0.5)
+    g = lock_machine.renew(s.state, name="n", holder="b", token=token, ttl=10.0, now=0.5)
     assert g is not None and s.state.holders["b"].claimed and g.expires_at == 10.5
 
 
@@ -247,21 +248,21 @@ def test_status_filters_expired_and_orders() -> None:
     s.acquire("b", 0.5, ttl=5.0)
     s.acquire("c", 0.6, wait_ttl=0.5)
     s.acquire("d", 0.7, wait_ttl=5.0)
-    st = model.status(s.state, name="n", now=1.15)
+    st = lock_machine.status(s.state, name="n", now=1.15)
     assert [h.holder for h in st.holders] == ["b"]  # a expired
     assert [(w.holder, w.position) for w in st.waiters] == [("d", 0)]  # c expired
     assert st.limit == 2 and st.now == 1.15
-    empty = model.status(model.NameState(), name="n", now=0.0)
+    empty = lock_machine.status(lock_machine.NameState(), name="n", now=0.0)
     assert empty.limit is None and empty.holders == () and empty.waiters == ()
 
 
 def test_retry_after() -> None:
     s = Store(limit=2)
-    assert model.retry_after(s.state, 0.0) is None
+    assert lock_machine.retry_after(s.state, 0.0) is None
     s.acquire("a", 0.0, ttl=3.0)
     s.acquire("b", 0.0, ttl=2.0)
-    assert model.retry_after(s.state, 0.5) == pytest.approx(1.5)
-    assert model.retry_after(s.state, 2.5) == 0.0
+    assert lock_machine.retry_after(s.state, 0.5) == pytest.approx(1.5)
+    assert lock_machine.retry_after(s.state, 2.5) == 0.0
 
 
 def test_invariants_under_random_operations() -> None:
@@ -294,7 +295,9 @@ def test_invariants_under_random_operations() -> None:
             else:
                 row = s.state.holders.get(h)
                 if row is not None:
-                    model.renew(s.state, name="n", holder=h, token=row.token, ttl=1.0, now=now)
+                    lock_machine.renew(
+                        s.state, name="n", holder=h, token=row.token, ttl=1.0, now=now
+                    )
             live_holders = [x for x in s.state.holders.values() if x.expires_at > now]
             live_waiters = [w.holder for w in s.state.waiters if w.expires_at > now]
             assert len(live_holders) <= limit

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("psycopg")
 
 from turnstile import ConfigurationError
-from turnstile.backends import postgres_sql as pg
+from turnstile.stores.postgres import sql as pg
 
 
 def parse(url: str) -> pg.PostgresConfig:

@@ -1,6 +1,6 @@
 """The queue's reference state machine, and the SQLite queue held to it step by step.
 
-The differential test drives the model (``_core/queue_model.py``) and the SQLite store with
+The differential test drives the model (``_core/queue_machine.py``) and the SQLite store with
 the same random operations on the same fake clock and requires identical answers and
 identical wake-ups: the SQL is an implementation of the model, not a second opinion.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from turnstile._core import queue_model as qmod
-from turnstile._core.queue_models import KIND_JSON, NewMessage
-from turnstile.backends.sqlite_queue import SQLiteQueueStore
-from turnstile.backends.sqlite_store import SQLiteStore
+from turnstile._core import queue_machine as qmod
+from turnstile._core.records import KIND_JSON, NewMessage
+from turnstile.stores.sqlite.lock_store import SQLiteStore
+from turnstile.stores.sqlite.queue_store import SQLiteQueueStore
 
 
 def msg(i: str, key: str | None = None, delay: float = 0.0, dedup: str | None = None,

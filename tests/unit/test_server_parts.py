@@ -9,7 +9,7 @@ import re
 import pytest
 
 from turnstile import ConfigurationError
-from turnstile._core.models import Grant, HolderInfo, Status
+from turnstile._core.records import Grant, HolderInfo, Status
 from turnstile.server.auth import (
     ANONYMOUS,
     Principal,

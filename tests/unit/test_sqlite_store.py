@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from turnstile._core import model
-from turnstile.backends import sqlite_store
-from turnstile.backends.sqlite_store import SCHEMA_VERSION, SQLiteStore
+from turnstile._core import lock_machine
 from turnstile.errors import BackendUnavailable, ConfigurationError
+from turnstile.stores.sqlite import lock_store as sqlite_store
+from turnstile.stores.sqlite.lock_store import SCHEMA_VERSION, SQLiteStore
 
 
 class Clock:
@@ -29,25 +29,25 @@ class Reference:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.states: dict[str, model.NameState] = {}
+        self.states: dict[str, lock_machine.NameState] = {}
         self.last = 0
 
-    def _tokens(self) -> model.Callable[[], int]:  # type: ignore[name-defined]
+    def _tokens(self) -> lock_machine.Callable[[], int]:  # type: ignore[name-defined]
         now = self.clock()
 
         def next_token() -> int:
-            self.last = model.clock_token(self.last, now)
+            self.last = lock_machine.clock_token(self.last, now)
             return self.last
 
         return next_token
 
-    def state(self, name: str) -> model.NameState:
-        return self.states.setdefault(name, model.NameState())
+    def state(self, name: str) -> lock_machine.NameState:
+        return self.states.setdefault(name, lock_machine.NameState())
 
     def acquire(
         self, name: str, holder: str, limit: int, ttl: float, wait_ttl: float, enqueue: bool
-    ) -> model.AcquireResult:
-        result, _ = model.acquire(
+    ) -> lock_machine.AcquireResult:
+        result, _ = lock_machine.acquire(
             self.state(name),
             name=name,
             holder=holder,
@@ -61,7 +61,7 @@ class Reference:
         return result
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
-        released, _ = model.release(
+        released, _ = lock_machine.release(
             self.state(name),
             holder=holder,
             token=token,
@@ -70,13 +70,13 @@ class Reference:
         )
         return released
 
-    def renew(self, name: str, holder: str, token: int, ttl: float) -> model.Grant | None:
-        return model.renew(
+    def renew(self, name: str, holder: str, token: int, ttl: float) -> lock_machine.Grant | None:
+        return lock_machine.renew(
             self.state(name), name=name, holder=holder, token=token, ttl=ttl, now=self.clock()
         )
 
-    def status(self, name: str) -> model.Status:
-        return model.status(self.state(name), name=name, now=self.clock())
+    def status(self, name: str) -> lock_machine.Status:
+        return lock_machine.status(self.state(name), name=name, now=self.clock())
 
 
 def _names_row_invariant(path: str) -> None:
@@ -256,8 +256,8 @@ def test_queue_claim_walks_the_backlog_in_order_without_sorting_it(tmp_path: Pat
     the ready messages in seq order (index by_state), never fetch every due message and sort
     them: that cost 1.2 ms per claim with 3,000 waiting (a throughput bug, found by
     profiling). The plan is checked here; the speed is in benchmarks/results/queue.md."""
-    from turnstile._core.queue_models import NewMessage
-    from turnstile.backends.sqlite_queue import SQLiteQueueStore
+    from turnstile._core.records import NewMessage
+    from turnstile.stores.sqlite.queue_store import SQLiteQueueStore
 
     store = SQLiteStore(str(tmp_path / "plan.db"))
     queues = SQLiteQueueStore(store)

@@ -7,8 +7,8 @@ import pytest
 import turnstile
 import turnstile.aio
 from turnstile._core import urls
-from turnstile.backends.sqlite_store import parse_path
 from turnstile.errors import ConfigurationError
+from turnstile.stores.sqlite.lock_store import parse_path
 
 
 @pytest.mark.parametrize(

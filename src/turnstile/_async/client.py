@@ -10,8 +10,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .._core import urls, validate
-from .._core.models import Characteristics, Status
-from .._core.queue_models import DEFAULT_DEDUP_WINDOW
+from .._core.records import Characteristics, Status
+from .._core.validate import DEFAULT_DEDUP_WINDOW
 from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.base import AsyncBackend

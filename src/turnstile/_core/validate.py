@@ -19,6 +19,20 @@ MAX_TTL = 30 * 24 * 3600.0
 MAX_TIMEOUT = 30 * 24 * 3600.0
 MAX_LIMIT = 1_000_000
 
+# Queues (docs/queue.md).
+MAX_PAYLOAD_BYTES = 256 * 1024  # encoded size: JSON text as UTF-8, or the raw bytes
+MAX_KEY_BYTES = 1024
+MAX_DEDUP_ID_BYTES = 1024
+MAX_ATTEMPTS = 1000
+MAX_DELAY = 30 * 24 * 3600.0  # put(delay=) and nack(delay=)
+MIN_VISIBILITY = 0.05
+MAX_VISIBILITY = 12 * 3600.0  # like SQS: a handler that needs longer extends its message
+DEFAULT_DEDUP_WINDOW = 300.0
+MIN_DEDUP_WINDOW = 1.0
+MAX_DEDUP_WINDOW = 7 * 24 * 3600.0
+MAX_ERROR_CHARS = 2000
+MAX_LIST = 10_000  # dead_letters(limit=), stats(top_keys=) upper bound
+
 
 def _utf8_len(value: str, arg: str) -> int:
     try:
@@ -128,3 +142,99 @@ def token(value: Any, arg: str = "token") -> int | None:
     if not 0 < value < 2**63:
         raise InvalidArgument(f"{arg} must be between 1 and 2**63-1, got {value!r}")
     return value
+
+
+# -- validation -------------------------------------------------------------------------------
+def _text(value: Any, arg: str, max_bytes: int) -> str:
+    if not isinstance(value, str):
+        hint = f" (convert it, e.g. {arg}=str(...))" if isinstance(value, int | float) else ""
+        raise InvalidArgument(f"{arg} must be a string, got {type(value).__name__}{hint}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"{arg} must be valid Unicode text (lone surrogates are not)"
+        ) from None
+    if not 1 <= size <= max_bytes:
+        raise InvalidArgument(
+            f"{arg} must be 1 to {max_bytes} bytes of UTF-8 (got {size} bytes)"
+        )
+    if "\x00" in value:
+        raise InvalidArgument(f"{arg} must not contain NUL characters")
+    return value
+
+
+def key(value: Any) -> str | None:
+    return None if value is None else _text(value, "key", MAX_KEY_BYTES)
+
+
+def dedup_id(value: Any) -> str | None:
+    return None if value is None else _text(value, "dedup_id", MAX_DEDUP_ID_BYTES)
+
+
+def message_id(value: Any, arg: str = "id") -> str:
+    return _text(value, arg, 256)
+
+
+def receipt(value: Any) -> str:
+    return _text(value, "receipt", 256)
+
+
+def delay(value: Any, arg: str = "delay") -> float:
+    result = seconds(value, arg, low=0.0, high=MAX_DELAY)
+    if math.isinf(result):
+        raise InvalidArgument(f"{arg} must be finite")
+    return result
+
+
+def visibility_timeout(value: Any, arg: str = "visibility_timeout") -> float:
+    return seconds(value, arg, low=MIN_VISIBILITY, high=MAX_VISIBILITY)
+
+
+def max_attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"max_attempts must be an integer, got {type(value).__name__}")
+    if not 1 <= value <= MAX_ATTEMPTS:
+        raise InvalidArgument(f"max_attempts must be between 1 and {MAX_ATTEMPTS}, got {value!r}")
+    return value
+
+
+def concurrency(value: Any) -> int | None:
+    if value is None:
+        return None
+    return limit(value, "concurrency")
+
+
+def dedup_window(value: Any) -> float:
+    return seconds(value, "dedup_window", low=MIN_DEDUP_WINDOW, high=MAX_DEDUP_WINDOW)
+
+
+def count(value: Any, arg: str, high: int = MAX_LIST) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{arg} must be an integer, got {type(value).__name__}")
+    if not 1 <= value <= high:
+        raise InvalidArgument(f"{arg} must be between 1 and {high}, got {value!r}")
+    return value
+
+
+def ids(value: Any, arg: str = "ids") -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes):
+        raise InvalidArgument(f"{arg} must be a list of message ids or None, not a single string")
+    try:
+        items = list(value)
+    except TypeError:
+        raise InvalidArgument(f"{arg} must be a list of message ids or None") from None
+    if len(items) > MAX_LIST:
+        raise InvalidArgument(f"{arg} may name at most {MAX_LIST} messages, got {len(items)}")
+    return [message_id(item, arg) for item in items]
+
+
+def error_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(f"error must be a string or None, got {type(value).__name__}")
+    text = value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "?")
+    return text[:MAX_ERROR_CHARS]

@@ -4,7 +4,7 @@
 Work is recorded when it *arrives* and handed out in that order: one message per key in
 flight (per-key order), many keys in parallel, optionally at most ``concurrency`` in flight
 in all. Delivery is at least once: a message not acked within its visibility timeout is
-delivered again, before later messages of its key. Semantics: ``_core/queue_model.py``.
+delivered again, before later messages of its key. Semantics: ``_core/queue_machine.py``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from .._core import queue_model, timing, validate
-from .._core import queue_models as qm
-from .._core.queue_models import DeadLetter, Delivery, QueueStats, WorkResult
+from .._core import queue_machine, records, timing, validate
+from .._core.payload import decode_payload, encode_payload
+from .._core.records import DeadLetter, Delivery, QueueStats, WorkResult
 from ..errors import BackendUnavailable, InvalidArgument
 from . import _compat
 from .backends.queue_base import QueueBackend, QueueWaiter
@@ -51,7 +51,7 @@ class Message:
         self.queue = queue
         self.id = delivery.id
         self.key = delivery.key
-        self.payload: Any = qm.decode_payload(delivery.body, delivery.kind)
+        self.payload: Any = decode_payload(delivery.body, delivery.kind)
         self.attempt = delivery.attempt
         self.enqueued_at = delivery.enqueued_at
         self.receipt = delivery.receipt
@@ -110,14 +110,14 @@ class Queue:
         max_attempts: int = 5,
         concurrency: int | None = None,
         *,
-        dedup_window: float = qm.DEFAULT_DEDUP_WINDOW,
+        dedup_window: float = validate.DEFAULT_DEDUP_WINDOW,
     ) -> None:
         self._backend = backend
         self.name = validate.name(name)
-        self.visibility_timeout = qm.visibility_timeout(visibility_timeout)
-        self.max_attempts = qm.max_attempts(max_attempts)
-        self.concurrency = qm.concurrency(concurrency)
-        self.dedup_window = qm.dedup_window(dedup_window)
+        self.visibility_timeout = validate.visibility_timeout(visibility_timeout)
+        self.max_attempts = validate.max_attempts(max_attempts)
+        self.concurrency = validate.concurrency(concurrency)
+        self.dedup_window = validate.dedup_window(dedup_window)
         self._stop: _compat.Event | None = None
 
     def __repr__(self) -> str:
@@ -142,14 +142,14 @@ class Queue:
         ``delay``: seconds before it can be delivered (it also holds back later messages of
         its key). ``dedup_id``: a second put with the same id within ``dedup_window``
         seconds stores nothing and returns the first message's id."""
-        body, kind = qm.encode_payload(payload)
-        message = qm.NewMessage(
+        body, kind = encode_payload(payload)
+        message = records.NewMessage(
             id=secrets.token_hex(12),
-            key=qm.key(key),
+            key=validate.key(key),
             body=body,
             kind=kind,
-            delay=qm.delay(delay),
-            dedup_id=qm.dedup_id(dedup_id),
+            delay=validate.delay(delay),
+            dedup_id=validate.dedup_id(dedup_id),
             max_attempts=self.max_attempts,
         )
         result = self._backend.put(self.name, message, dedup_window=self.dedup_window)
@@ -163,7 +163,7 @@ class Queue:
         woken by the store when a message becomes deliverable."""
         return self._get(validate.timeout(timeout), None)
 
-    def _claim(self, waiter: str | None) -> qm.ClaimResult:
+    def _claim(self, waiter: str | None) -> records.ClaimResult:
         return self._backend.claim(
             self.name,
             receipt=secrets.token_hex(12),
@@ -195,7 +195,7 @@ class Queue:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     return None
-                delay = queue_model.WAITER_HEARTBEAT
+                delay = queue_machine.WAITER_HEARTBEAT
                 if result.retry_after is not None:
                     delay = min(delay, result.retry_after + timing.EXPIRY_SLACK)
                 if deadline is not None:
@@ -218,7 +218,7 @@ class Queue:
         one long poll there. With a ``stop`` flag the polls last at most a heartbeat, so a
         stop is noticed about as soon as by a native waiter."""
         while True:
-            wait = queue_model.WAITER_HEARTBEAT if stop is not None else REMOTE_POLL
+            wait = queue_machine.WAITER_HEARTBEAT if stop is not None else REMOTE_POLL
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
@@ -252,7 +252,9 @@ class Queue:
     def ack(self, id: str, receipt: str) -> bool:
         """Settle delivery ``receipt`` of message ``id`` as done (delete it). Idempotent;
         False if the receipt is stale or the message already settled."""
-        return self._backend.ack(self.name, qm.message_id(id), qm.receipt(receipt))
+        return self._backend.ack(
+            self.name, validate.message_id(id), validate.receipt(receipt)
+        )
 
     def nack(
         self, id: str, receipt: str, delay: float = 0.0, error: str | None = None
@@ -262,10 +264,10 @@ class Queue:
         ``max_attempts``. False if the receipt is stale."""
         return self._backend.nack(
             self.name,
-            qm.message_id(id),
-            qm.receipt(receipt),
-            delay=qm.delay(delay),
-            error=qm.error_text(error),
+            validate.message_id(id),
+            validate.receipt(receipt),
+            delay=validate.delay(delay),
+            error=validate.error_text(error),
         )
 
     def extend(self, id: str, receipt: str, seconds: float) -> float | None:
@@ -273,25 +275,25 @@ class Queue:
         (store clock), or ``None`` if the receipt is stale."""
         return self._backend.extend(
             self.name,
-            qm.message_id(id),
-            qm.receipt(receipt),
-            qm.visibility_timeout(seconds, "seconds"),
+            validate.message_id(id),
+            validate.receipt(receipt),
+            validate.visibility_timeout(seconds, "seconds"),
         )
 
     # -- inspecting -------------------------------------------------------------------------
     def stats(self, top_keys: int = 10) -> QueueStats:
         """Counts of ready, delayed, in-flight and dead messages, the age of the oldest
         pending one and the ``top_keys`` keys with the most pending messages."""
-        return self._backend.stats(self.name, top_keys=qm.count(top_keys, "top_keys"))
+        return self._backend.stats(self.name, top_keys=validate.count(top_keys, "top_keys"))
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """Dead letters in put order, at most ``limit``."""
-        rows = self._backend.dead_letters(self.name, limit=qm.count(limit, "limit"))
+        rows = self._backend.dead_letters(self.name, limit=validate.count(limit, "limit"))
         return [
             DeadLetter(
                 r.id,
                 r.key,
-                qm.decode_payload(r.body, r.kind),
+                decode_payload(r.body, r.kind),
                 r.attempts,
                 r.enqueued_at,
                 r.died_at,
@@ -303,11 +305,11 @@ class Queue:
     def requeue(self, ids: Iterable[str] | None = None) -> int:
         """Put dead letters (those in ``ids``, or all) back at the end of the queue with
         their attempts reset. Returns how many."""
-        return self._backend.requeue(self.name, qm.ids(ids))
+        return self._backend.requeue(self.name, validate.ids(ids))
 
     def purge_dead(self, ids: Iterable[str] | None = None) -> int:
         """Delete dead letters (those in ``ids``, or all). Returns how many."""
-        return self._backend.purge_dead(self.name, qm.ids(ids))
+        return self._backend.purge_dead(self.name, validate.ids(ids))
 
     # -- the worker loop --------------------------------------------------------------------
     def stop(self) -> None:
@@ -349,9 +351,9 @@ class Queue:
             raise InvalidArgument(f"workers must be between 1 and 1000, got {workers}")
         idle = validate.timeout(idle_timeout, "idle_timeout")
         if max_messages is not None:
-            qm.count(max_messages, "max_messages", 2**62)
-        backoff = validate.seconds(backoff, "backoff", low=0.0, high=qm.MAX_DELAY)
-        max_backoff = validate.seconds(max_backoff, "max_backoff", low=0.0, high=qm.MAX_DELAY)
+            validate.count(max_messages, "max_messages", 2**62)
+        backoff = validate.seconds(backoff, "backoff", low=0.0, high=validate.MAX_DELAY)
+        max_backoff = validate.seconds(max_backoff, "max_backoff", low=0.0, high=validate.MAX_DELAY)
 
         stop = _compat.Event()
         self._stop = stop
@@ -473,7 +475,11 @@ class _WorkLoop:
                 text = f"{type(exc).__name__}: {exc}"
                 log.warning(
                     "handler failed on message %s of %r (attempt %d): %s",
-                    message.id, self.queue.name, message.attempt, text, exc_info=True,
+                    message.id,
+                    self.queue.name,
+                    message.attempt,
+                    text,
+                    exc_info=True,
                 )
                 done = True
                 if not message.settled:
@@ -500,13 +506,18 @@ class _WorkLoop:
         except BackendUnavailable as exc:
             log.warning(
                 "settling message %s of %r failed; it will be delivered again after its "
-                "visibility timeout: %s", message.id, self.queue.name, exc,
+                "visibility timeout: %s",
+                message.id,
+                self.queue.name,
+                exc,
             )
             return False
         if not done:
             log.warning(
                 "message %s of %r: the store refused the %s (its visibility timeout passed); "
-                "it is or will be delivered again", message.id, self.queue.name,
+                "it is or will be delivered again",
+                message.id,
+                self.queue.name,
                 "ack" if ok else "nack",
             )
         return done
@@ -533,5 +544,7 @@ class _WorkLoop:
                 elif not message.settled:
                     log.warning(
                         "message %s of %r: visibility timeout passed before it could be "
-                        "extended; it will be delivered again", message.id, self.queue.name,
+                        "extended; it will be delivered again",
+                        message.id,
+                        self.queue.name,
                     )

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from .._core import timing, validate
-from .._core.models import AcquireResult, Grant, Status
+from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
 from .backends.base import Backend
 from .renewer import renewer_for

@@ -8,8 +8,8 @@ import json
 import sys
 from typing import Any
 
-from .._core import queue_models as qm
-from .._core.queue_models import QueueStats
+from .._core import validate
+from .._core.records import QueueStats
 from ..errors import InvalidArgument
 from . import _common
 
@@ -52,16 +52,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         return p
 
     p = _common.command_parser(
-        sub, "list", help="list queues that hold messages",
+        sub,
+        "list",
+        help="list queues that hold messages",
         description="List the queues that hold messages (ready, delayed, in flight or dead), "
         "in code-point order.",
     )
-    p.add_argument("prefix", metavar="PREFIX", nargs="?", default="",
-                   help="only queues whose names start with PREFIX (taken literally)")
-    p.add_argument("--max", metavar="N", type=_common.int_type("--max", 1, qm.MAX_LIST),
-                   default=1000, help="at most N queues (default 1000)")
-    p.add_argument("--stats", action="store_true",
-                   help="with each queue's ready, delayed, in flight and dead counts")
+    p.add_argument(
+        "prefix",
+        metavar="PREFIX",
+        nargs="?",
+        default="",
+        help="only queues whose names start with PREFIX (taken literally)",
+    )
+    p.add_argument(
+        "--max",
+        metavar="N",
+        type=_common.int_type("--max", 1, validate.MAX_LIST),
+        default=1000,
+        help="at most N queues (default 1000)",
+    )
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="with each queue's ready, delayed, in flight and dead counts",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=list_command)
 
@@ -69,53 +84,105 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("payload", metavar="PAYLOAD", help="JSON, or - to read it from stdin")
     p.add_argument("--raw", action="store_true", help="send PAYLOAD as bytes, not JSON")
     p.add_argument("--key", metavar="KEY", help="one at a time per key, in put order")
-    p.add_argument("--delay", metavar="S", type=_seconds("--delay", qm.delay), default=0.0,
-                   help="seconds before it can be delivered (default 0)")
+    p.add_argument(
+        "--delay",
+        metavar="S",
+        type=_seconds("--delay", validate.delay),
+        default=0.0,
+        help="seconds before it can be delivered (default 0)",
+    )
     p.add_argument("--dedup-id", metavar="ID", help="store once per ID within --dedup-window")
-    p.add_argument("--dedup-window", metavar="S", type=_seconds("--dedup-window", qm.dedup_window),
-                   default=qm.DEFAULT_DEDUP_WINDOW, help="seconds (default 300)")
-    p.add_argument("--max-attempts", metavar="N", type=_common.int_type("--max-attempts", 1,
-                   qm.MAX_ATTEMPTS), default=5, help="deliveries before dead letter (default 5)")
+    p.add_argument(
+        "--dedup-window",
+        metavar="S",
+        type=_seconds("--dedup-window", validate.dedup_window),
+        default=validate.DEFAULT_DEDUP_WINDOW,
+        help="seconds (default 300)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        metavar="N",
+        type=_common.int_type("--max-attempts", 1, validate.MAX_ATTEMPTS),
+        default=5,
+        help="deliveries before dead letter (default 5)",
+    )
     p.set_defaults(handler=put_command)
 
     p = action("get", "take the next deliverable message; prints it as JSON")
-    p.add_argument("--timeout", metavar="S", type=_common.timeout_type("--timeout"), default=0.0,
-                   help="wait up to S seconds for one (default 0: do not wait)")
-    p.add_argument("--visibility-timeout", metavar="S", type=_seconds(
-        "--visibility-timeout", qm.visibility_timeout), default=30.0,
-        help="seconds it stays invisible unless acked (default 30)")
-    p.add_argument("--concurrency", metavar="N", type=_common.limit_type("--concurrency"),
-                   help="take it only while fewer than N messages of the queue are in flight")
-    p.add_argument("--max-attempts", metavar="N", type=_common.int_type("--max-attempts", 1,
-                   qm.MAX_ATTEMPTS), default=5, help="deliveries before dead letter (default 5)")
+    p.add_argument(
+        "--timeout",
+        metavar="S",
+        type=_common.timeout_type("--timeout"),
+        default=0.0,
+        help="wait up to S seconds for one (default 0: do not wait)",
+    )
+    p.add_argument(
+        "--visibility-timeout",
+        metavar="S",
+        type=_seconds("--visibility-timeout", validate.visibility_timeout),
+        default=30.0,
+        help="seconds it stays invisible unless acked (default 30)",
+    )
+    p.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=_common.limit_type("--concurrency"),
+        help="take it only while fewer than N messages of the queue are in flight",
+    )
+    p.add_argument(
+        "--max-attempts",
+        metavar="N",
+        type=_common.int_type("--max-attempts", 1, validate.MAX_ATTEMPTS),
+        default=5,
+        help="deliveries before dead letter (default 5)",
+    )
     p.add_argument("--ack", action="store_true", help="ack it at once (consume it)")
     p.set_defaults(handler=get_command)
 
-    for name, help in (("ack", "settle a delivery as done"),
-                       ("nack", "settle a delivery as failed: deliver again (after --delay)")):
+    for name, help in (
+        ("ack", "settle a delivery as done"),
+        ("nack", "settle a delivery as failed: deliver again (after --delay)"),
+    ):
         p = action(name, help)
         p.add_argument("id", metavar="ID")
         p.add_argument("receipt", metavar="RECEIPT")
         if name == "nack":
-            p.add_argument("--delay", metavar="S", type=_seconds("--delay", qm.delay),
-                           default=0.0, help="seconds before it is delivered again")
+            p.add_argument(
+                "--delay",
+                metavar="S",
+                type=_seconds("--delay", validate.delay),
+                default=0.0,
+                help="seconds before it is delivered again",
+            )
             p.add_argument("--error", metavar="TEXT", help="why (kept with a dead letter)")
         p.set_defaults(handler=settle_command, settle=name)
 
     p = action("stats", "ready, delayed, in flight, dead, oldest age, deepest keys")
-    p.add_argument("--top", metavar="N", type=_common.int_type("--top", 1, 1000), default=10,
-                   help="how many of the deepest keys (default 10)")
+    p.add_argument(
+        "--top",
+        metavar="N",
+        type=_common.int_type("--top", 1, 1000),
+        default=10,
+        help="how many of the deepest keys (default 10)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=stats_command)
 
     p = action("dead", "list dead letters")
-    p.add_argument("--limit", metavar="N", type=_common.int_type("--limit", 1, qm.MAX_LIST),
-                   default=100, help="at most N (default 100)")
+    p.add_argument(
+        "--limit",
+        metavar="N",
+        type=_common.int_type("--limit", 1, validate.MAX_LIST),
+        default=100,
+        help="at most N (default 100)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=dead_command)
 
-    for name, help in (("requeue", "put dead letters back at the end of the queue"),
-                       ("purge", "delete dead letters")):
+    for name, help in (
+        ("requeue", "put dead letters back at the end of the queue"),
+        ("purge", "delete dead letters"),
+    ):
         p = action(name, help)
         p.add_argument("ids", metavar="ID", nargs="*", help="dead letters by id")
         p.add_argument("--all", action="store_true", help="every dead letter of QUEUE")
@@ -124,8 +191,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
-    _common.error("choose an action: list, put, get, ack, nack, stats, dead, requeue, purge "
-                  "(see: turnstile queue --help)")
+    _common.error(
+        "choose an action: list, put, get, ack, nack, stats, dead, requeue, purge "
+        "(see: turnstile queue --help)"
+    )
     return _common.EXIT_USAGE
 
 
@@ -178,20 +247,22 @@ def list_command(args: argparse.Namespace) -> int:
         print("\n".join(_common.printable(n) for n in names))
         return _common.EXIT_OK
     width = max(5, *(len(_common.printable(s.name)) for s in stats))
-    print(f"{'QUEUE':<{width}}  {'READY':>7}  {'DELAYED':>7}  {'IN FLIGHT':>9}  {'DEAD':>7}"
-          "  OLDEST")
+    print(
+        f"{'QUEUE':<{width}}  {'READY':>7}  {'DELAYED':>7}  {'IN FLIGHT':>9}  {'DEAD':>7}  OLDEST"
+    )
     for s in stats:
         age = "-" if s.oldest_age is None else _common.duration(s.oldest_age)
-        print(f"{_common.printable(s.name):<{width}}  {s.ready:>7}  {s.delayed:>7}  "
-              f"{s.in_flight:>9}  {s.dead:>7}  {age}")
+        print(
+            f"{_common.printable(s.name):<{width}}  {s.ready:>7}  {s.delayed:>7}  "
+            f"{s.in_flight:>9}  {s.dead:>7}  {age}"
+        )
     return _common.EXIT_OK
 
 
 def put_command(args: argparse.Namespace) -> int:
     payload = _payload(args)
     with _common.connect(args) as client:
-        q = client.queue(args.queue, max_attempts=args.max_attempts,
-                         dedup_window=args.dedup_window)
+        q = client.queue(args.queue, max_attempts=args.max_attempts, dedup_window=args.dedup_window)
         print(q.put(payload, key=args.key, delay=args.delay, dedup_id=args.dedup_id))
     return _common.EXIT_OK
 
@@ -200,18 +271,30 @@ def _message_dict(m: Any) -> dict[str, object]:
     payload = m.payload
     if isinstance(payload, bytes):
         payload = {"bytes": payload.hex()}
-    return {"id": m.id, "key": m.key, "payload": payload, "attempt": m.attempt,
-            "enqueued_at": m.enqueued_at, "receipt": m.receipt, "deadline": m.deadline}
+    return {
+        "id": m.id,
+        "key": m.key,
+        "payload": payload,
+        "attempt": m.attempt,
+        "enqueued_at": m.enqueued_at,
+        "receipt": m.receipt,
+        "deadline": m.deadline,
+    }
 
 
 def get_command(args: argparse.Namespace) -> int:
     with _common.connect(args) as client:
-        q = client.queue(args.queue, visibility_timeout=args.visibility_timeout,
-                         max_attempts=args.max_attempts, concurrency=args.concurrency)
+        q = client.queue(
+            args.queue,
+            visibility_timeout=args.visibility_timeout,
+            max_attempts=args.max_attempts,
+            concurrency=args.concurrency,
+        )
         m = q.get(timeout=args.timeout)
         if m is None:
-            _common.note(f"no message in {_common.printable(args.queue)!r} within "
-                         f"{args.timeout:g} s")
+            _common.note(
+                f"no message in {_common.printable(args.queue)!r} within {args.timeout:g} s"
+            )
             return _common.EXIT_TIMEOUT
         record = _message_dict(m)
         if args.ack:
@@ -228,8 +311,10 @@ def settle_command(args: argparse.Namespace) -> int:
         else:
             ok = q.nack(args.id, args.receipt, delay=args.delay, error=args.error)
     if not ok:
-        _common.error(f"{args.settle} refused: receipt is stale (the visibility timeout passed, "
-                      "or it was already settled); the message is or will be delivered again")
+        _common.error(
+            f"{args.settle} refused: receipt is stale (the visibility timeout passed, "
+            "or it was already settled); the message is or will be delivered again"
+        )
         return _common.EXIT_FAILURE
     return _common.EXIT_OK
 
@@ -275,8 +360,10 @@ def dead_command(args: argparse.Namespace) -> int:
         if len(payload) > 60:
             payload = payload[:57] + "..."
         key = "-" if d.key is None else _common.printable(d.key)
-        print(f"{d.id}  key={key}  attempts={d.attempts}  error={_common.printable(d.error or '-')}"
-              f"  payload={_common.printable(payload)}")
+        print(
+            f"{d.id}  key={key}  attempts={d.attempts}  error={_common.printable(d.error or '-')}"
+            f"  payload={_common.printable(payload)}"
+        )
     return _common.EXIT_OK
 
 

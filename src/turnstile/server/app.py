@@ -26,7 +26,6 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from .. import __version__
-from .._core import queue_models as qm
 from .._core import validate
 from ..aio import AsyncClient
 from ..errors import InvalidArgument
@@ -63,7 +62,7 @@ async def info(ctx: Ctx) -> Any:
             "min_ttl": validate.MIN_TTL,
             "max_ttl": validate.MAX_TTL,
             "max_limit": validate.MAX_LIMIT,
-            "max_payload_bytes": qm.MAX_PAYLOAD_BYTES,
+            "max_payload_bytes": validate.MAX_PAYLOAD_BYTES,
         },
         "auth": {"required": not config.tokens.open},
         "principal": ctx.principal.to_dict(),

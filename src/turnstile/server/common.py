@@ -14,8 +14,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from .._core.models import Grant, Status
-from .._core.queue_models import QueueStats
+from .._core.records import Grant, QueueStats, Status
 from ..aio import AsyncClient
 from ..aio import connect as aio_connect
 from ..errors import InvalidArgument, NotSupported

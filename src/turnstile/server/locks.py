@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from starlette.responses import Response
 
 from .._core import validate
-from .._core.models import Grant
+from .._core.records import Grant
 from ..errors import AcquireTimeout, LeaseLost
 from .common import (
     CLOSING,

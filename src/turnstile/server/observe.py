@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .._core.models import Grant, Status
+from .._core.records import Grant, Status
 from .auth import Principal
 from .metrics import Metrics
 

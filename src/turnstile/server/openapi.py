@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from .._core import queue_models as qm
 from .._core import validate
 from .errors import CODES
 
@@ -577,13 +576,13 @@ def _settings() -> dict[str, Schema]:
     return {
         "visibility_timeout": {
             "type": "number",
-            "minimum": qm.MIN_VISIBILITY,
-            "maximum": qm.MAX_VISIBILITY,
+            "minimum": validate.MIN_VISIBILITY,
+            "maximum": validate.MAX_VISIBILITY,
             "default": 30,
             "description": "Seconds a delivered message stays invisible unless settled.",
         },
         "max_attempts": {
-            "type": "integer", "minimum": 1, "maximum": qm.MAX_ATTEMPTS, "default": 5,
+            "type": "integer", "minimum": 1, "maximum": validate.MAX_ATTEMPTS, "default": 5,
             "description": "Deliveries before a message becomes a dead letter.",
         },
         "concurrency": {
@@ -597,9 +596,9 @@ def _queue_paths(config: ServerConfig) -> dict[str, Any]:
     tag = "queues"
     paths: dict[str, Any] = {}
     settle = {"queue": QUEUE, "id": TEXT_ID, "receipt": TEXT_ID}
-    count = {"type": "integer", "minimum": 1, "maximum": qm.MAX_LIST}
+    count = {"type": "integer", "minimum": 1, "maximum": validate.MAX_LIST}
     ids = {
-        "type": ["array", "null"], "maxItems": qm.MAX_LIST, "items": TEXT_ID,
+        "type": ["array", "null"], "maxItems": validate.MAX_LIST, "items": TEXT_ID,
         "description": "Dead letters by id (default: all).",
     }
     paths["/v1/queues"] = {
@@ -622,7 +621,7 @@ def _queue_paths(config: ServerConfig) -> dict[str, Any]:
     paths["/v1/queues/put"] = _post(
         "Put a message",
         "One message per key is in flight at a time, in put order; keyless messages are "
-        f"plain FIFO. The encoded payload may be at most {qm.MAX_PAYLOAD_BYTES} bytes. The "
+        f"plain FIFO. The encoded payload may be at most {validate.MAX_PAYLOAD_BYTES} bytes. The "
         "same `dedup_id` within `dedup_window` seconds stores nothing and answers the first "
         "message's id with `created: false`. A caller-chosen `id` makes retries safe.",
         {
@@ -630,16 +629,16 @@ def _queue_paths(config: ServerConfig) -> dict[str, Any]:
                 "queue": QUEUE,
                 "payload": {"description": "Any JSON value."},
                 "payload_base64": BASE64,
-                "key": {**TEXT_ID, "maxLength": qm.MAX_KEY_BYTES,
-                        "description": f"1 to {qm.MAX_KEY_BYTES} bytes of UTF-8."},
-                "delay": {"type": "number", "minimum": 0, "maximum": qm.MAX_DELAY,
+                "key": {**TEXT_ID, "maxLength": validate.MAX_KEY_BYTES,
+                        "description": f"1 to {validate.MAX_KEY_BYTES} bytes of UTF-8."},
+                "delay": {"type": "number", "minimum": 0, "maximum": validate.MAX_DELAY,
                           "default": 0},
-                "dedup_id": {**TEXT_ID, "maxLength": qm.MAX_DEDUP_ID_BYTES},
+                "dedup_id": {**TEXT_ID, "maxLength": validate.MAX_DEDUP_ID_BYTES},
                 "id": TEXT_ID,
                 "max_attempts": _settings()["max_attempts"],
-                "dedup_window": {"type": "number", "minimum": qm.MIN_DEDUP_WINDOW,
-                                 "maximum": qm.MAX_DEDUP_WINDOW,
-                                 "default": qm.DEFAULT_DEDUP_WINDOW},
+                "dedup_window": {"type": "number", "minimum": validate.MIN_DEDUP_WINDOW,
+                                 "maximum": validate.MAX_DEDUP_WINDOW,
+                                 "default": validate.DEFAULT_DEDUP_WINDOW},
             }),
             "oneOf": [{"required": ["payload"]}, {"required": ["payload_base64"]}],
         },
@@ -694,9 +693,9 @@ def _queue_paths(config: ServerConfig) -> dict[str, Any]:
         "After `max_attempts` deliveries the message becomes a dead letter with `error`.",
         _obj(["queue", "id", "receipt"], {
             **settle,
-            "delay": {"type": "number", "minimum": 0, "maximum": qm.MAX_DELAY, "default": 0},
+            "delay": {"type": "number", "minimum": 0, "maximum": validate.MAX_DELAY, "default": 0},
             "error": {"type": ["string", "null"], "description": "Why (kept, truncated to "
-                      f"{qm.MAX_ERROR_CHARS} characters)."},
+                      f"{validate.MAX_ERROR_CHARS} characters)."},
         }),
         _obj(["nacked"], {"nacked": {"type": "boolean"}}),
         (),

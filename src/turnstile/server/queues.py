@@ -15,9 +15,9 @@ from typing import Any
 
 from starlette.responses import Response
 
-from .._core import queue_models as qm
-from .._core import validate
-from .._core.queue_models import Delivery
+from .._core import records, validate
+from .._core.payload import decode_payload, encode_payload
+from .._core.records import Delivery
 from ..errors import InvalidArgument, NotSupported
 from .common import (
     CLOSING,
@@ -50,7 +50,7 @@ def _queue(ctx: Ctx, name: str, body: Body) -> Any:
         visibility_timeout=body.get("visibility_timeout", 30.0),
         max_attempts=integral(body.get("max_attempts", 5)),
         concurrency=integral(body.get("concurrency")),
-        dedup_window=body.get("dedup_window", qm.DEFAULT_DEDUP_WINDOW),
+        dedup_window=body.get("dedup_window", validate.DEFAULT_DEDUP_WINDOW),
     )
 
 
@@ -89,7 +89,7 @@ def message_dict(d: Delivery) -> dict[str, Any]:
     return {
         "id": d.id,
         "key": d.key,
-        **payload_fields(qm.decode_payload(d.body, d.kind)),
+        **payload_fields(decode_payload(d.body, d.kind)),
         "attempt": d.attempt,
         "enqueued_at": d.enqueued_at,
         "receipt": d.receipt,
@@ -104,15 +104,15 @@ async def put(ctx: Ctx) -> Any:
     )
     name = _name(ctx, body, write=True)
     q = _queue(ctx, name, body)
-    encoded, kind = qm.encode_payload(_payload(body))
+    encoded, kind = encode_payload(_payload(body))
     given = body.get("id")
-    message = qm.NewMessage(
-        id=secrets.token_hex(12) if given is None else qm.message_id(given),
-        key=qm.key(body.get("key")),
+    message = records.NewMessage(
+        id=secrets.token_hex(12) if given is None else validate.message_id(given),
+        key=validate.key(body.get("key")),
         body=encoded,
         kind=kind,
-        delay=qm.delay(body.get("delay", 0.0)),
-        dedup_id=qm.dedup_id(body.get("dedup_id")),
+        delay=validate.delay(body.get("delay", 0.0)),
+        dedup_id=validate.dedup_id(body.get("dedup_id")),
         max_attempts=q.max_attempts,
     )
     result = await _protocol(ctx).put(name, message, dedup_window=q.dedup_window)
@@ -161,7 +161,7 @@ async def claim(ctx: Ctx) -> Any:
     given = body.get("receipt")
     result = await _protocol(ctx).claim(
         name,
-        receipt=secrets.token_hex(12) if given is None else qm.receipt(given),
+        receipt=secrets.token_hex(12) if given is None else validate.receipt(given),
         visibility_timeout=q.visibility_timeout,
         concurrency=q.concurrency,
         max_attempts=q.max_attempts,
@@ -210,7 +210,7 @@ async def stats(ctx: Ctx) -> Any:
     if ctx.request.method == "GET":
         params = ctx.request.query_params
         body = Body({"queue": params.get("queue")}, {"queue"})
-        top = query_int(ctx.request, "top_keys", 10, 1, qm.MAX_LIST)
+        top = query_int(ctx.request, "top_keys", 10, 1, validate.MAX_LIST)
     else:
         body = await ctx.body({"queue", "top_keys"})
         top = integral(body.get("top_keys", 10))
@@ -223,7 +223,7 @@ async def stats(ctx: Ctx) -> Any:
 async def dead(ctx: Ctx) -> Any:
     if ctx.request.method == "GET":
         body = Body({"queue": ctx.request.query_params.get("queue")}, {"queue"})
-        limit = query_int(ctx.request, "limit", 100, 1, qm.MAX_LIST)
+        limit = query_int(ctx.request, "limit", 100, 1, validate.MAX_LIST)
     else:
         body = await ctx.body({"queue", "limit"})
         limit = integral(body.get("limit", 100))

@@ -25,25 +25,22 @@ from urllib.parse import SplitResult, urlunsplit
 import httpx
 
 from ..._core import forks
-from ..._core.models import (
+from ..._core.payload import decode_payload, encode_payload
+from ..._core.records import (
+    KIND_BYTES,
     AcquireResult,
     Characteristics,
-    Grant,
-    HolderInfo,
-    Status,
-    WaiterInfo,
-)
-from ..._core.queue_models import (
-    KIND_BYTES,
     ClaimResult,
     DeadLetterRow,
     Delivery,
+    Grant,
+    HolderInfo,
     KeyDepth,
     NewMessage,
     PutResult,
     QueueStats,
-    decode_payload,
-    encode_payload,
+    Status,
+    WaiterInfo,
 )
 from ..._core.urls import redact
 from ...errors import (

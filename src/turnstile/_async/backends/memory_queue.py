@@ -1,4 +1,4 @@
-"""Queues on ``memory://``: the reference state machine (:mod:`turnstile._core.queue_model`)
+"""Queues on ``memory://``: the reference state machine (:mod:`turnstile._core.queue_machine`)
 run under one lock, with an in-process event per blocked consumer."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..._core import queue_model
-from ..._core.queue_models import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ..._core import queue_machine
+from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
 from .. import _compat
 
 T = TypeVar("T")
@@ -34,8 +34,8 @@ class AsyncMemoryQueueWaiter:
         if registered:
             self._backend._step(self._key[0], self._unregister)
 
-    def _unregister(self, state: queue_model.QueueState, now: float) -> tuple[None, list[str]]:
-        queue_model.unregister(state, waiter=self.id)
+    def _unregister(self, state: queue_machine.QueueState, now: float) -> tuple[None, list[str]]:
+        queue_machine.unregister(state, waiter=self.id)
         return None, []
 
 
@@ -43,16 +43,16 @@ class AsyncMemoryQueueBackend:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        self._states: dict[str, queue_model.QueueState] = {}
+        self._states: dict[str, queue_machine.QueueState] = {}
         self._events: dict[tuple[str, str], _compat.Event] = {}
 
     def _step(
         self,
         name: str,
-        fn: Callable[[queue_model.QueueState, float], tuple[T, list[str]]],
+        fn: Callable[[queue_machine.QueueState, float], tuple[T, list[str]]],
     ) -> T:
         with self._lock:
-            state = self._states.setdefault(name, queue_model.QueueState())
+            state = self._states.setdefault(name, queue_machine.QueueState())
             result, woken = fn(state, self._clock())
             if state.empty:
                 del self._states[name]
@@ -65,7 +65,7 @@ class AsyncMemoryQueueBackend:
     async def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
         return self._step(
             name,
-            lambda s, now: queue_model.put(s, message, dedup_window=dedup_window, now=now),
+            lambda s, now: queue_machine.put(s, message, dedup_window=dedup_window, now=now),
         )
 
     async def claim(
@@ -80,7 +80,7 @@ class AsyncMemoryQueueBackend:
     ) -> ClaimResult:
         return self._step(
             name,
-            lambda s, now: queue_model.claim(
+            lambda s, now: queue_machine.claim(
                 s,
                 receipt=receipt,
                 visibility_timeout=visibility_timeout,
@@ -92,14 +92,16 @@ class AsyncMemoryQueueBackend:
         )
 
     async def ack(self, name: str, id: str, receipt: str) -> bool:
-        return self._step(name, lambda s, now: queue_model.ack(s, id=id, receipt=receipt, now=now))
+        return self._step(
+            name, lambda s, now: queue_machine.ack(s, id=id, receipt=receipt, now=now)
+        )
 
     async def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None
     ) -> bool:
         return self._step(
             name,
-            lambda s, now: queue_model.nack(
+            lambda s, now: queue_machine.nack(
                 s, id=id, receipt=receipt, delay=delay, error=error, now=now
             ),
         )
@@ -107,22 +109,24 @@ class AsyncMemoryQueueBackend:
     async def extend(self, name: str, id: str, receipt: str, seconds: float) -> float | None:
         return self._step(
             name,
-            lambda s, now: queue_model.extend(s, id=id, receipt=receipt, seconds=seconds, now=now),
+            lambda s, now: queue_machine.extend(
+                s, id=id, receipt=receipt, seconds=seconds, now=now
+            ),
         )
 
     async def stats(self, name: str, *, top_keys: int) -> QueueStats:
         return self._step(
-            name, lambda s, now: queue_model.stats(s, name=name, top_keys=top_keys, now=now)
+            name, lambda s, now: queue_machine.stats(s, name=name, top_keys=top_keys, now=now)
         )
 
     async def dead_letters(self, name: str, *, limit: int) -> list[DeadLetterRow]:
-        return self._step(name, lambda s, now: queue_model.dead_letters(s, limit=limit, now=now))
+        return self._step(name, lambda s, now: queue_machine.dead_letters(s, limit=limit, now=now))
 
     async def requeue(self, name: str, ids: list[str] | None) -> int:
-        return self._step(name, lambda s, now: queue_model.requeue(s, ids=ids, now=now))
+        return self._step(name, lambda s, now: queue_machine.requeue(s, ids=ids, now=now))
 
     async def purge_dead(self, name: str, ids: list[str] | None) -> int:
-        return self._step(name, lambda s, now: queue_model.purge_dead(s, ids=ids, now=now))
+        return self._step(name, lambda s, now: queue_machine.purge_dead(s, ids=ids, now=now))
 
     async def open_waiter(self, name: str) -> AsyncMemoryQueueWaiter:
         return AsyncMemoryQueueWaiter(self, name)

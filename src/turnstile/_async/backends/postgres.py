@@ -1,11 +1,12 @@
 """``postgresql://`` (and ``postgres://``): durable leases as rows, woken by LISTEN/NOTIFY.
 
-Every operation is one call of a SQL function (``sql/postgres/migrations``) in autocommit
+Every operation is one call of a SQL function (``stores/postgres/``) in autocommit
 mode: one statement, one transaction, one round trip, no session state, so it works through
 a transaction pooler. The function locks the name's row, reads the database clock and follows
-:mod:`turnstile._core.model`; a hand-over ends with one ``NOTIFY`` on the waiting client's own
-channel, whose payload names the waiter (:func:`~turnstile.backends.postgres_sql.wake_key`)
-and carries the grant, so the waiter holds the lease on receipt.
+:mod:`turnstile._core.lock_machine`; a hand-over ends with one ``NOTIFY`` on the waiting
+client's own channel, whose payload names the waiter
+(:func:`~turnstile.stores.postgres.sql.wake_key`) and carries the grant, so the waiter holds
+the lease on receipt.
 
 One LISTEN connection per client (opened on first need, outside the pool, optionally on its
 own ``listen_url``) dispatches those notifications to the local waiters. When it drops, every
@@ -30,9 +31,9 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from ..._core import forks
-from ..._core.models import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
-from ...backends import postgres_sql as pg
+from ..._core.records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
 from ...errors import BackendUnavailable, ConfigurationError
+from ...stores.postgres import sql as pg
 from .. import _compat
 
 log = logging.getLogger("turnstile.postgres")
@@ -311,11 +312,7 @@ class AsyncPostgresBackend:
                         return await cursor.fetchall()
                     return await cursor.fetchone()
             except psycopg.Error as exc:
-                if (
-                    self._closed
-                    or not pg.is_retryable(exc)
-                    or time.monotonic() + pause >= deadline
-                ):
+                if self._closed or not pg.is_retryable(exc) or time.monotonic() + pause >= deadline:
                     raise pg.translate(exc, action, self.config) from exc
                 log.info(
                     "PostgreSQL %s failed, retrying: %s", action, pg.describe(exc, self.config)
@@ -404,9 +401,7 @@ class AsyncPostgresBackend:
         if listener.start():
             # The first waiter of this client: give the LISTEN connection a moment to come
             # up. Until it is up, waiters poll (and are all woken when it comes up).
-            await listener.wait_first_attempt(
-                min(LISTEN_START_WAIT, self.config.connect_timeout)
-            )
+            await listener.wait_first_attempt(min(LISTEN_START_WAIT, self.config.connect_timeout))
         return AsyncPostgresWaiter(listener, pg.wake_key(name, holder), name, holder)
 
     async def ping(self) -> None:

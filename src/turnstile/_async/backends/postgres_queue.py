@@ -1,5 +1,5 @@
 """Queues on ``postgresql://``: one SQL function per operation (migrations
-``sql/postgres/migrations/0002_queue.sql`` and ``0004_queue_wake_channel.sql``), run through
+``stores/postgres/migrations/0002_queue.sql`` and ``0004_queue_wake_channel.sql``), run through
 the lock backend's pool and retry loop; a blocked consumer is woken by a NOTIFY naming it on
 its client's own channel, dispatched by the client's one LISTEN connection (and polls with a
 short backoff while that connection is down)."""
@@ -10,7 +10,7 @@ import hashlib
 import secrets
 from typing import Any
 
-from ..._core.queue_models import (
+from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
     Delivery,
@@ -19,7 +19,7 @@ from ..._core.queue_models import (
     PutResult,
     QueueStats,
 )
-from ...backends import postgres_sql as pg
+from ...stores.postgres import sql as pg
 from .postgres import LISTEN_START_WAIT, AsyncPostgresBackend, AsyncPostgresWaiter
 
 QUERIES = {

@@ -1,5 +1,5 @@
 """Queues on ``redis://`` / ``redis+cluster://``: one Lua script per operation
-(``backends/redis_scripts/queue_*.lua``), run on the lock backend's client; a blocked consumer
+(``stores/redis/lua/queue/*.lua``), run on the lock backend's client; a blocked consumer
 BLPOPs its own wake-up list on the backend's separate blocking client, and the script that
 makes a message deliverable pushes to the oldest registered waiter's list only."""
 
@@ -10,9 +10,9 @@ import secrets
 import time
 from typing import Any
 
-from ..._core.queue_models import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
-from ...backends import redis_common
-from ...backends import redis_queue_common as qc
+from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ...stores.redis import locks as redis_common
+from ...stores.redis import queues as qc
 from .. import _compat
 from .redis import DRIVER_ERRORS, AsyncRedisBackend
 

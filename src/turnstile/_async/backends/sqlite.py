@@ -1,5 +1,5 @@
 """``sqlite:///path``: the embedded default. Every process on one host that opens the same
-file shares the same locks; nothing else to run. See :mod:`turnstile.backends.sqlite_store`
+file shares the same locks; nothing else to run. See :mod:`turnstile.stores.sqlite.lock_store`
 for the transactions and the wake-up channel."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import socket
 import time
 from urllib.parse import SplitResult
 
-from ..._core.models import AcquireResult, Characteristics, Grant, Status
-from ...backends.sqlite_store import SQLiteStore, parse_path
+from ..._core.records import AcquireResult, Characteristics, Grant, Status
+from ...stores.sqlite.lock_store import SQLiteStore, parse_path
 from .. import _compat
 from .sqlite_queue import AsyncSQLiteQueueBackend
 
@@ -61,7 +61,7 @@ class AsyncSQLiteBackend:
         self._queues: AsyncSQLiteQueueBackend | None = None
 
     def queues(self) -> AsyncSQLiteQueueBackend:
-        """The queue operations on the same file (see ``sqlite_queue.py``)."""
+        """The queue operations on the same file (``stores/sqlite/queue_store.py``)."""
         if self._queues is None:
             self._queues = AsyncSQLiteQueueBackend(self.store)
         return self._queues

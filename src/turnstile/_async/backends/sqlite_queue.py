@@ -1,4 +1,4 @@
-"""Queues on ``sqlite:///``: :class:`turnstile.backends.sqlite_queue.SQLiteQueueStore` (blocking
+"""Queues on ``sqlite:///``: :class:`turnstile.stores.sqlite.queue_store.SQLiteQueueStore` (blocking
 SQL, run in a worker thread by the async flavour) plus the datagram wake-up channel."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import secrets
 import socket
 import time
 
-from ..._core.queue_models import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
-from ...backends.sqlite_queue import SQLiteQueueStore
-from ...backends.sqlite_store import SQLiteStore
+from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ...stores.sqlite.lock_store import SQLiteStore
+from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
 
 POLL_MIN = 0.001

@@ -3,7 +3,7 @@
 
 Primitives (:mod:`..semaphore`) are algorithms over this protocol and never see a driver.
 Each operation is atomic on the store and judged by the store's clock. Semantics are those
-of the reference state machine :mod:`turnstile._core.model`; the contract suite
+of the reference state machine :mod:`turnstile._core.lock_machine`; the contract suite
 (``tests/contract``) holds every backend to them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..._core.models import AcquireResult, Characteristics, Grant, Status
+from ..._core.records import AcquireResult, Characteristics, Grant, Status
 
 
 class Waiter(Protocol):

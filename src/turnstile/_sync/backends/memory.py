@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import SplitResult
 
-from ..._core import model
-from ..._core.models import AcquireResult, Characteristics, Grant, Status
+from ..._core import lock_machine
+from ..._core.records import AcquireResult, Characteristics, Grant, Status
 from .. import _compat
 from .memory_queue import MemoryQueueBackend
 
@@ -48,7 +48,7 @@ class MemoryBackend:
         # Every state change happens under _lock, which makes each operation atomic.
         self._lock = threading.Lock()
         self._clock = clock
-        self._states: dict[str, model.NameState] = {}
+        self._states: dict[str, lock_machine.NameState] = {}
         self._last_token = 0
         self._events: dict[tuple[str, str], _compat.Event] = {}
         self._queues: MemoryQueueBackend | None = None
@@ -63,7 +63,7 @@ class MemoryBackend:
         self._last_token += 1
         return self._last_token
 
-    def _settle(self, name: str, state: model.NameState, woken: list[str]) -> None:
+    def _settle(self, name: str, state: lock_machine.NameState, woken: list[str]) -> None:
         if state.empty:
             self._states.pop(name, None)
         for holder in woken:
@@ -75,8 +75,8 @@ class MemoryBackend:
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
         with self._lock:
-            state = self._states.setdefault(name, model.NameState(limit=limit))
-            result, woken = model.acquire(
+            state = self._states.setdefault(name, lock_machine.NameState(limit=limit))
+            result, woken = lock_machine.acquire(
                 state,
                 name=name,
                 holder=holder,
@@ -95,7 +95,7 @@ class MemoryBackend:
             state = self._states.get(name)
             if state is None:
                 return False
-            released, woken = model.release(
+            released, woken = lock_machine.release(
                 state, holder=holder, token=token, now=self._clock(), next_token=self._next_token
             )
             self._settle(name, state, woken)
@@ -106,14 +106,14 @@ class MemoryBackend:
             state = self._states.get(name)
             if state is None:
                 return None
-            return model.renew(
+            return lock_machine.renew(
                 state, name=name, holder=holder, token=token, ttl=ttl, now=self._clock()
             )
 
     def status(self, name: str) -> Status:
         with self._lock:
-            state = self._states.get(name) or model.NameState()
-            return model.status(state, name=name, now=self._clock())
+            state = self._states.get(name) or lock_machine.NameState()
+            return lock_machine.status(state, name=name, now=self._clock())
 
     def names(self, prefix: str, max_count: int) -> list[str]:
         now = self._clock()

@@ -4,7 +4,7 @@
 A backend that supports queues returns an object of this shape from ``backend.queues()``
 (a backend without that method raises :class:`~turnstile.NotSupported` from
 ``client.queue``). Each operation is atomic on the store, judged by the store's clock, and
-follows the reference state machine :mod:`turnstile._core.queue_model` step for step; the
+follows the reference state machine :mod:`turnstile._core.queue_machine` step for step; the
 contract suite (``tests/contract/test_queue_*.py``) holds every backend to it.
 
 Ids and receipts are chosen by the client (random), never by the store, so the store's side
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..._core.queue_models import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
 
 
 class QueueWaiter(Protocol):
@@ -36,7 +36,7 @@ class QueueWaiter(Protocol):
 
 class QueueBackend(Protocol):
     def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
-        """queue_model.put; wakes the oldest waiter."""
+        """queue_machine.put; wakes the oldest waiter."""
         ...
 
     def claim(
@@ -49,7 +49,7 @@ class QueueBackend(Protocol):
         max_attempts: int,
         waiter: str | None,
     ) -> ClaimResult:
-        """queue_model.claim: deliver the next message, or register ``waiter``."""
+        """queue_machine.claim: deliver the next message, or register ``waiter``."""
         ...
 
     def ack(self, name: str, id: str, receipt: str) -> bool: ...

@@ -2,7 +2,7 @@
 """``redis://``, ``rediss://`` and ``redis+cluster://``: locks shared by every host that
 reaches one Redis server or Redis Cluster.
 
-Each operation is one Lua script (``turnstile/backends/redis_scripts/*.lua``) run with
+Each operation is one Lua script (``turnstile/stores/redis/lua/lock/*.lua``) run with
 EVALSHA, so it is atomic and judged by the server's clock (``TIME``). A waiter blocks in
 ``BLPOP`` on its own wake-up list, on a connection kept apart from the one that runs the
 scripts; the script that hands a grant to a waiter pushes to that waiter's list only, so one
@@ -32,9 +32,9 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from ..._core.models import AcquireResult, Characteristics, Grant, Status
-from ...backends import redis_common as common
+from ..._core.records import AcquireResult, Characteristics, Grant, Status
 from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
+from ...stores.redis import locks as common
 from .. import _compat
 
 log = logging.getLogger("turnstile.redis")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .queue_models import (
+from .records import (
     ClaimResult,
     DeadLetterRow,
     Delivery,

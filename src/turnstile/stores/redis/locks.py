@@ -23,9 +23,9 @@ from importlib import resources
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlunsplit
 
-from .._core.models import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
-from .._core.urls import redact
-from ..errors import ConfigurationError
+from ..._core.records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
+from ..._core.urls import redact
+from ...errors import ConfigurationError
 
 DEFAULT_PREFIX = "turnstile:"
 MAX_PREFIX_BYTES = 256
@@ -70,7 +70,7 @@ class Script:
 
 def script_text(operation: str) -> str:
     """The Lua source of one operation: the shared library followed by the operation."""
-    folder = resources.files("turnstile.backends").joinpath("redis_scripts")
+    folder = resources.files("turnstile.stores.redis").joinpath("lua/lock")
     lib = folder.joinpath("_lib.lua").read_text("utf-8")
     return lib + "\n" + folder.joinpath(f"{operation}.lua").read_text("utf-8")
 

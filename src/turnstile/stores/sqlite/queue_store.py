@@ -1,6 +1,6 @@
-"""Queues in the SQLite file: :mod:`turnstile._core.queue_model` as SQL, one
+"""Queues in the SQLite file: :mod:`turnstile._core.queue_machine` as SQL, one
 ``BEGIN IMMEDIATE`` transaction per operation (through :class:`SQLiteStore`'s retrying
-runner), schema in ``sql/sqlite/migrations/0002_queue.sql``.
+runner), schema in ``stores/sqlite/migrations/0002_queue.sql``.
 
 Unlike locks (a handful of rows per name, loaded whole), a queue can hold millions of
 messages, so each step touches only the rows it needs through indexes: the next deliverable
@@ -21,8 +21,8 @@ import sqlite3
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._core import queue_model
-from .._core.queue_models import (
+from ..._core import queue_machine
+from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
     Delivery,
@@ -31,11 +31,11 @@ from .._core.queue_models import (
     PutResult,
     QueueStats,
 )
-from .sqlite_store import SQLiteStore, WakeChannel
+from .lock_store import SQLiteStore, WakeChannel
 
 T = TypeVar("T")
 
-READY, IN_FLIGHT, DEAD = queue_model.READY, queue_model.IN_FLIGHT, queue_model.DEAD
+READY, IN_FLIGHT, DEAD = queue_machine.READY, queue_machine.IN_FLIGHT, queue_machine.DEAD
 M = "turnstile_queue_messages"
 # Bound on ids in one IN (...) list; longer lists are chunked.
 CHUNK = 500
@@ -68,12 +68,12 @@ class SQLiteQueueStore:
             f"UPDATE {M} SET state = {DEAD}, died_at = deadline, receipt = NULL, error = ?"
             f" WHERE queue = ? AND state = {IN_FLIGHT} AND deadline <= ?"
             " AND attempts >= max_attempts",
-            (queue_model.EXPIRED_ERROR, name, now),
+            (queue_machine.EXPIRED_ERROR, name, now),
         ).rowcount
         back = conn.execute(
             f"UPDATE {M} SET state = {READY}, available_at = deadline, receipt = NULL, error = ?"
             f" WHERE queue = ? AND state = {IN_FLIGHT} AND deadline <= ?",
-            (queue_model.EXPIRED_ERROR, name, now),
+            (queue_machine.EXPIRED_ERROR, name, now),
         ).rowcount
         conn.execute(
             "DELETE FROM turnstile_queue_dedup WHERE queue = ? AND expires_at <= ?", (name, now)
@@ -181,7 +181,7 @@ class SQLiteQueueStore:
                         "INSERT INTO turnstile_queue_waiters (queue, waiter, expires_at)"
                         " VALUES (?, ?, ?) ON CONFLICT (queue, waiter)"
                         " DO UPDATE SET expires_at = excluded.expires_at",
-                        (name, waiter, now + queue_model.WAITER_TTL),
+                        (name, waiter, now + queue_machine.WAITER_TTL),
                     )
                 return ClaimResult(None, now, self._retry_after(conn, name, now)), 0
             if waiter is not None:
@@ -229,7 +229,7 @@ class SQLiteQueueStore:
             seq = self._holding(conn, name, message_id, receipt)
             if seq is None:
                 return False, 0
-            text = error if error is not None else queue_model.NACKED_ERROR
+            text = error if error is not None else queue_machine.NACKED_ERROR
             conn.execute(
                 f"UPDATE {M} SET receipt = NULL, error = ?,"
                 f" state = CASE WHEN attempts >= max_attempts THEN {DEAD} ELSE {READY} END,"

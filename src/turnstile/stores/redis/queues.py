@@ -1,6 +1,6 @@
 """Queues on Redis, the parts shared by both flavours (no I/O): key layout, scripts, replies.
 
-See ``redis_scripts/queue_lib.lua`` for the keys and ``_core/queue_model.py`` for the
+See ``lua/queue/_lib.lua`` for the keys and ``_core/queue_machine.py`` for the
 semantics. A queue's keys live under ``<prefix>{T}:q:`` where ``T`` is the hash tag of the
 name (as for locks), so every key of one queue is in one Cluster slot.
 """
@@ -10,15 +10,8 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from .._core.queue_models import (
-    ClaimResult,
-    DeadLetterRow,
-    Delivery,
-    KeyDepth,
-    PutResult,
-    QueueStats,
-)
-from .redis_common import glob_escape, key_base
+from ..._core.records import ClaimResult, DeadLetterRow, Delivery, KeyDepth, PutResult, QueueStats
+from .locks import glob_escape, key_base
 
 OPERATIONS = (
     "put",
@@ -54,9 +47,9 @@ KEY_SUFFIXES = (
 
 
 def script_text(operation: str) -> str:
-    folder = resources.files("turnstile.backends").joinpath("redis_scripts")
-    lib = folder.joinpath("queue_lib.lua").read_text("utf-8")
-    return lib + "\n" + folder.joinpath(f"queue_{operation}.lua").read_text("utf-8")
+    folder = resources.files("turnstile.stores.redis").joinpath("lua/queue")
+    lib = folder.joinpath("_lib.lua").read_text("utf-8")
+    return lib + "\n" + folder.joinpath(f"{operation}.lua").read_text("utf-8")
 
 
 def queue_base(prefix: str, name: str) -> str:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .models import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
+from .records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
 
 
 def clock_token(last: int, now: float) -> int:

@@ -1,10 +1,10 @@
 """Store-side parts of the PostgreSQL backend shared by the sync and async flavours: the URL,
-the named queries and migrations (``sql/postgres/``), the wake-up key, and how psycopg's
+the named queries and migrations (``stores/postgres/``), the wake-up key, and how psycopg's
 exceptions become Turnstile's.
 
 The state machine itself lives in the database, as the functions of
-``sql/postgres/migrations/`` (one call = one transaction = one round trip),
-following :mod:`turnstile._core.model` step for step.
+``stores/postgres/migrations/`` (one call = one transaction = one round trip),
+following :mod:`turnstile._core.lock_machine` step for step.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from urllib.parse import (
 
 import psycopg
 
-from .._core.models import Characteristics
-from .._core.urls import redact
-from ..errors import BackendUnavailable, ConfigurationError, TurnstileError
+from ..._core.records import Characteristics
+from ..._core.urls import redact
+from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 
 CHARACTERISTICS = Characteristics(
     scheme="postgresql",
@@ -58,7 +58,7 @@ _SIMPLE_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 
 # -- SQL files ----------------------------------------------------------------------------
 def _sql_folder() -> resources.abc.Traversable:
-    return resources.files("turnstile.backends").joinpath("sql/postgres")
+    return resources.files("turnstile.stores.postgres")
 
 
 def _load_queries() -> dict[str, str]:

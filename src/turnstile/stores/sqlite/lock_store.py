@@ -1,5 +1,5 @@
 """The SQLite store: every operation is one ``BEGIN IMMEDIATE`` transaction that loads a
-name's rows, runs the reference state machine (:mod:`turnstile._core.model`) and writes back
+name's rows, runs the reference state machine (:mod:`turnstile._core.lock_machine`) and writes back
 what changed.
 
 Concurrency: WAL journal, autocommit connections (one per thread), explicit
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TypeVar
 
-from .._core import forks, model
-from .._core.models import AcquireResult, Grant, Status
-from ..errors import BackendUnavailable, ConfigurationError
+from ..._core import forks, lock_machine
+from ..._core.records import AcquireResult, Grant, Status
+from ...errors import BackendUnavailable, ConfigurationError
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 def _migrations() -> list[tuple[int, str]]:
-    folder = resources.files("turnstile.backends").joinpath("sql/sqlite/migrations")
+    folder = resources.files("turnstile.stores.sqlite").joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         if entry.name.endswith(".sql"):
@@ -199,11 +199,11 @@ class SQLiteStore:
 
     # -- state load/save ----------------------------------------------------------------
     @staticmethod
-    def _load(conn: sqlite3.Connection, name: str) -> model.NameState:
+    def _load(conn: sqlite3.Connection, name: str) -> lock_machine.NameState:
         # _save keeps a turnstile_names row exactly while the name has holder or waiter rows,
         # so an idle name costs one lookup.
         row = conn.execute("SELECT lim FROM turnstile_names WHERE name = ?", (name,)).fetchone()
-        state = model.NameState(limit=row[0] if row else 1)
+        state = lock_machine.NameState(limit=row[0] if row else 1)
         if row is None:
             return state
         # (One UNION ALL query for both measured slower: its ORDER BY needs a sort.)
@@ -212,9 +212,9 @@ class SQLiteStore:
             " WHERE name = ?",
             (name,),
         ):
-            state.holders[h[0]] = model.HolderRow(h[0], h[1], h[2], h[3], bool(h[4]))
+            state.holders[h[0]] = lock_machine.HolderRow(h[0], h[1], h[2], h[3], bool(h[4]))
         state.waiters = [
-            model.WaiterRow(*w)
+            lock_machine.WaiterRow(*w)
             for w in conn.execute(
                 "SELECT holder, ttl, wait_ttl, joined_at, expires_at FROM turnstile_waiters"
                 " WHERE name = ? ORDER BY seq",
@@ -225,7 +225,7 @@ class SQLiteStore:
 
     @staticmethod
     def _snapshot(
-        state: model.NameState,
+        state: lock_machine.NameState,
     ) -> tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]]:
         holders: dict[str, tuple[object, ...]] = {
             k: (h.token, h.acquired_at, h.expires_at, h.claimed) for k, h in state.holders.items()
@@ -240,7 +240,7 @@ class SQLiteStore:
         conn: sqlite3.Connection,
         name: str,
         before: tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]],
-        state: model.NameState,
+        state: lock_machine.NameState,
     ) -> None:
         old_limit, old_holders, old_waiters = before
         _, new_holders, new_waiters = self._snapshot(state)
@@ -297,11 +297,11 @@ class SQLiteStore:
         if RETURNING:
 
             def next_token() -> int:
-                # model.clock_token in one statement: max(last + 1, the clock in µs).
+                # lock_machine.clock_token in one statement: max(last + 1, the clock in µs).
                 (token,) = conn.execute(
                     "UPDATE turnstile_meta SET value = max(value + 1, ?)"
                     " WHERE key = 'last_token' RETURNING value",
-                    (model.clock_token(0, now),),
+                    (lock_machine.clock_token(0, now),),
                 ).fetchone()
                 return int(token)
 
@@ -311,7 +311,7 @@ class SQLiteStore:
             (last,) = conn.execute(
                 "SELECT value FROM turnstile_meta WHERE key = 'last_token'"
             ).fetchone()
-            token = model.clock_token(last, now)
+            token = lock_machine.clock_token(last, now)
             conn.execute("UPDATE turnstile_meta SET value = ? WHERE key = 'last_token'", (token,))
             return token
 
@@ -320,7 +320,7 @@ class SQLiteStore:
     def _mutate(
         self,
         name: str,
-        step: Callable[[model.NameState, float, Callable[[], int]], tuple[T, list[str]]],
+        step: Callable[[lock_machine.NameState, float, Callable[[], int]], tuple[T, list[str]]],
     ) -> T:
         def tx(conn: sqlite3.Connection) -> tuple[T, list[str]]:
             now = self._clock()
@@ -341,7 +341,7 @@ class SQLiteStore:
     ) -> AcquireResult:
         return self._mutate(
             name,
-            lambda state, now, tokens: model.acquire(
+            lambda state, now, tokens: lock_machine.acquire(
                 state,
                 name=name,
                 holder=holder,
@@ -357,22 +357,24 @@ class SQLiteStore:
     def release(self, name: str, holder: str, token: int | None) -> bool:
         return self._mutate(
             name,
-            lambda state, now, tokens: model.release(
+            lambda state, now, tokens: lock_machine.release(
                 state, holder=holder, token=token, now=now, next_token=tokens
             ),
         )
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
         def step(
-            state: model.NameState, now: float, tokens: Callable[[], int]
+            state: lock_machine.NameState, now: float, tokens: Callable[[], int]
         ) -> tuple[Grant | None, list[str]]:
-            return model.renew(state, name=name, holder=holder, token=token, ttl=ttl, now=now), []
+            return lock_machine.renew(
+                state, name=name, holder=holder, token=token, ttl=ttl, now=now
+            ), []
 
         return self._mutate(name, step)
 
     def status(self, name: str) -> Status:
         return self._run(
-            lambda conn: model.status(self._load(conn, name), name=name, now=self._clock()),
+            lambda conn: lock_machine.status(self._load(conn, name), name=name, now=self._clock()),
             write=False,
         )
 
@@ -419,9 +421,7 @@ class WakeChannel:
         self._sender: socket.socket | None = None
 
     def address(self, name: str, who: str) -> bytes:
-        digest = hashlib.sha256(
-            self._seed + name.encode() + b"\0" + who.encode()
-        ).hexdigest()[:40]
+        digest = hashlib.sha256(self._seed + name.encode() + b"\0" + who.encode()).hexdigest()[:40]
         return self._namespace + digest.encode()
 
     def signal(self, name: str, who: str) -> None:

@@ -1,0 +1,272 @@
+"""Plain records exchanged between primitives and backends: locks, then queues.
+
+All times are seconds since the Unix epoch *on the store's clock* (Redis ``TIME``,
+PostgreSQL ``now()``, the SQLite host's clock). Compare them with ``Status.now``, never with
+the local clock of a client on another host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A lease as the store recorded it."""
+
+    name: str
+    holder: str
+    token: int
+    acquired_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireResult:
+    """What one atomic acquire step answered.
+
+    ``grant`` is set when the caller holds the name. Otherwise ``position`` is its place in
+    line (0 = next), or ``None`` when it did not join the line (``acquire_nowait``).
+    ``retry_after`` is how long until the earliest current lease expires (store clock), so a
+    waiter can re-check exactly when a crashed holder's lease runs out.
+    ``wait_id`` names the caller's waiting entry on stores whose wake-ups carry the grant
+    (see ``AsyncWaiter.handed``); it is an identity, not part of the answer's value.
+    """
+
+    grant: Grant | None
+    position: int | None
+    now: float
+    retry_after: float | None = None
+    wait_id: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class HolderInfo:
+    holder: str
+    token: int
+    acquired_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaiterInfo:
+    holder: str
+    position: int
+    joined_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A snapshot of one name: who holds it and who waits, in order."""
+
+    name: str
+    limit: int | None
+    holders: tuple[HolderInfo, ...] = field(default_factory=tuple)
+    waiters: tuple[WaiterInfo, ...] = field(default_factory=tuple)
+    now: float = 0.0
+
+    @property
+    def free(self) -> int | None:
+        return None if self.limit is None else max(0, self.limit - len(self.holders))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "limit": self.limit,
+            "now": self.now,
+            "holders": [
+                {
+                    "holder": h.holder,
+                    "token": h.token,
+                    "acquired_at": h.acquired_at,
+                    "expires_at": h.expires_at,
+                    "age": round(self.now - h.acquired_at, 6),
+                    "expires_in": round(h.expires_at - self.now, 6),
+                }
+                for h in self.holders
+            ],
+            "waiters": [
+                {
+                    "holder": w.holder,
+                    "position": w.position,
+                    "joined_at": w.joined_at,
+                    "expires_at": w.expires_at,
+                    "waiting": round(self.now - w.joined_at, 6),
+                }
+                for w in self.waiters
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Characteristics:
+    """What a backend can do, so callers and tests can tell before they try."""
+
+    scheme: str
+    cross_process: bool
+    cross_host: bool
+    durable: bool
+    woken_by_store: bool
+    description: str
+    # open_waiter costs no round trip to the store (e.g. one shared LISTEN connection per
+    # client): a blocking acquire arms its waiter before its first step instead of after it,
+    # which saves the step that looks again after arming.
+    cheap_waiters: bool = False
+
+
+# -- queues -------------------------------------------------------------------------------
+# How a message body is stored: JSON text (UTF-8) or raw bytes.
+KIND_JSON = 0
+KIND_BYTES = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """What a ``put`` sends to the store. ``id`` is chosen by the client."""
+
+    id: str
+    key: str | None
+    body: bytes
+    kind: int  # KIND_JSON or KIND_BYTES
+    delay: float
+    dedup_id: str | None
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """``id`` of the stored message; ``created`` is False when ``dedup_id`` matched a message
+    put within the dedup window (the earlier message's id is returned, nothing is stored)."""
+
+    id: str
+    created: bool
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message as the store handed it out: in flight until ``deadline`` unless acked,
+    nacked or extended with ``receipt``."""
+
+    id: str
+    key: str | None
+    body: bytes
+    kind: int
+    attempt: int  # 1 on first delivery
+    enqueued_at: float
+    receipt: str
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """What one atomic claim step answered. Without a message, ``retry_after`` is how long
+    until something may become deliverable without anyone saying so (a delayed message comes
+    due, an in-flight message's visibility timeout passes); ``None`` if nothing is scheduled."""
+
+    delivery: Delivery | None
+    now: float
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDepth:
+    key: str
+    pending: int  # messages of this key not yet acked (ready, delayed or in flight)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A snapshot of one queue.
+
+    ``ready``: due now (some may wait behind an earlier message of their key);
+    ``delayed``: not yet due (put with ``delay`` or nacked with one); ``in_flight``: handed
+    out and neither acked nor timed out; ``dead``: dead letters; ``oldest_age``: seconds since
+    the oldest pending (ready, delayed or in flight) message was put, ``None`` if none;
+    ``deepest_keys``: the keys with the most pending messages, deepest first."""
+
+    name: str
+    ready: int
+    delayed: int
+    in_flight: int
+    dead: int
+    oldest_age: float | None
+    deepest_keys: tuple[KeyDepth, ...] = field(default_factory=tuple)
+    now: float = 0.0
+
+    @property
+    def pending(self) -> int:
+        return self.ready + self.delayed + self.in_flight
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "ready": self.ready,
+            "delayed": self.delayed,
+            "in_flight": self.in_flight,
+            "dead": self.dead,
+            "oldest_age": None if self.oldest_age is None else round(self.oldest_age, 6),
+            "deepest_keys": [{"key": k.key, "pending": k.pending} for k in self.deepest_keys],
+            "now": self.now,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRow:
+    """A dead letter as stored (payload still encoded)."""
+
+    id: str
+    key: str | None
+    body: bytes
+    kind: int
+    attempts: int
+    enqueued_at: float
+    died_at: float
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that used up its ``max_attempts``. ``error`` is the last failure recorded
+    (the handler's exception, or that its visibility timeout passed)."""
+
+    id: str
+    key: str | None
+    payload: Any
+    attempts: int
+    enqueued_at: float
+    died_at: float
+    error: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        payload = self.payload
+        if isinstance(payload, bytes):
+            payload = {"bytes": payload.hex()}
+        return {
+            "id": self.id,
+            "key": self.key,
+            "payload": payload,
+            "attempts": self.attempts,
+            "enqueued_at": self.enqueued_at,
+            "died_at": self.died_at,
+            "error": self.error,
+        }
+
+
+@dataclass(slots=True)
+class WorkResult:
+    """What :meth:`Queue.work` did: messages handled successfully and acked, handlers that
+    raised (the message was nacked with a backoff, or dead-lettered after ``max_attempts``),
+    and settlements the store refused because the message's visibility timeout had passed
+    (it will be delivered again)."""
+
+    acked: int = 0
+    failed: int = 0
+    lost: int = 0
+    stopped_by: str | None = None  # "signal", "stop()", "idle_timeout", "max_messages"
+
+    @property
+    def handled(self) -> int:
+        return self.acked + self.failed + self.lost

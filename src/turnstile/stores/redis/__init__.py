@@ -1,0 +1,1 @@
+"""Store-side code: see docs/architecture.md."""
