@@ -573,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     if url:
         server = "given with --url (shared: counters include others' traffic)"
     else:
-        from tests.faults._pgcluster import Cluster, Unavailable
+        from tests.stores.postgres._cluster import Cluster, Unavailable
 
         try:
             cluster = Cluster()

@@ -2,7 +2,7 @@
 """Generate ``src/turnstile/_sync`` from ``src/turnstile/_async``: one source, two flavours.
 
     python scripts/unasync.py          # write the sync files
-    python scripts/unasync.py --check  # fail if they are out of date (CI)
+    python scripts/unasync.py --check  # fail if they are out of date, or a rule is unused (CI)
 
 Besides token replacements (``async def`` -> ``def``, ``await`` dropped, ``AsyncLease`` ->
 ``Lease``, ...), two markers let a file differ where the flavours must:
@@ -33,19 +33,15 @@ REPLACEMENTS: list[tuple[str, str]] = [
     (r"\bawait ", ""),
     (r"__aenter__", "__enter__"),
     (r"__aexit__", "__exit__"),
-    (r"__aiter__", "__iter__"),
-    (r"__anext__", "__next__"),
-    (r"\bAsyncIterator\b", "Iterator"),
-    (r"\bAsyncGenerator\b", "Generator"),
-    (r"\bAsyncIterable\b", "Iterable"),
-    (r"\basynccontextmanager\b", "contextmanager"),
     (r"\baclose\b", "close"),
     (r"\bredis\.asyncio\b", "redis"),
-    (r"\b_async\b", "_sync"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
 ]
 COMPILED = [(re.compile(a), b) for a, b in REPLACEMENTS]
 MARK = "# unasync:"
+# Which rules changed at least one line in this run: a rule that never does is dead weight
+# (or a sign that the source it was written for moved), and --check says so.
+USED: set[str] = set()
 
 
 def convert(text: str, source: str) -> str:
@@ -78,7 +74,10 @@ def convert(text: str, source: str) -> str:
                 body = body[1:]
             line = indent + body if body.strip() else "\n"
         for pattern, repl in COMPILED:
-            line = pattern.sub(repl, line)
+            new = pattern.sub(repl, line)
+            if new != line:
+                USED.add(pattern.pattern)
+            line = new
         out.append(line)
     return "".join(out)
 
@@ -107,6 +106,10 @@ def main(argv: list[str]) -> int:
                 dst.unlink()
     if check and stale:
         print("out of date, run: python scripts/unasync.py\n  " + "\n  ".join(stale))
+        return 1
+    unused = [a for a, _ in REPLACEMENTS if a not in USED]
+    if check and unused:
+        print("substitution rules that no source line needs (remove them):\n  " + "\n  ".join(unused))
         return 1
     if not check:
         print(f"unasync: {len(stale)} file(s) written" if stale else "unasync: up to date")

@@ -1,7 +1,7 @@
 """The contract suite: every SPEC guarantee, checked on every backend row of tests/backends.py.
 
 Each test takes the ``backend`` fixture (a URL private to the test). Scenarios that need other
-processes run ``tests/contract/_worker.py`` in real OS processes, each with its own
+processes run ``tests/contract/lock_worker.py`` in real OS processes, each with its own
 ``turnstile.connect(url)``; for ``memory://``, which lives in one process, the same scenarios
 run in threads on the test's client, and only what needs a separate process (kill -9,
 SIGSTOP) is skipped. Results are checked from recorded data (intervals, tokens, grant

@@ -11,7 +11,7 @@ import turnstile
 import turnstile.aio
 from tests.conftest import BackendUnderTest
 
-from ._harness import Spawner
+from .lock_harness import Spawner
 
 CONTRACT_TEST_TIMEOUT = 120  # seconds; every wait in a test is bounded well below this
 
@@ -42,7 +42,7 @@ async def aclient(backend: BackendUnderTest) -> AsyncIterator[turnstile.aio.Asyn
 
 @pytest.fixture
 def workers(backend: BackendUnderTest, client: turnstile.Client) -> Iterator[Spawner]:
-    """Starts scenarios of tests/contract/_worker.py in their own processes (threads on the
+    """Starts scenarios of tests/contract/lock_worker.py in their own processes (threads on the
     test's client for memory://) and makes sure they are gone after the test."""
     spawner = Spawner(backend, client)
     try:

@@ -11,7 +11,7 @@ import pytest
 
 import turnstile
 
-from ._harness import Spawner, wait_until
+from .lock_harness import Spawner, wait_until
 
 
 def test_timeout_raises_and_leaves_no_waiting_entry(client: turnstile.Client) -> None:

@@ -12,7 +12,7 @@ import pytest
 import turnstile
 from turnstile import MAX_NAME_BYTES
 
-from ._harness import Spawner
+from .lock_harness import Spawner
 
 BAD_NAMES: list[Any] = [
     "",

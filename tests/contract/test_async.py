@@ -12,7 +12,7 @@ import pytest
 import turnstile.aio
 from turnstile.aio import AcquireTimeout, AsyncClient, InvalidArgument, LeaseLost
 
-from ._harness import check_bounded, check_exclusive
+from .lock_harness import check_bounded, check_exclusive
 
 
 async def _wait_until(predicate: Any, within: float, what: str) -> Any:

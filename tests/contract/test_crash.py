@@ -12,7 +12,7 @@ import pytest
 import turnstile
 from tests.conftest import BackendUnderTest
 
-from ._harness import Spawner, require_processes, wait_until
+from .lock_harness import Spawner, require_processes, wait_until
 
 TTL = 1.0
 BOUND = 1.0  # SPEC 6: the next waiter gets the grant within ttl plus at most this

@@ -14,7 +14,7 @@ import pytest
 import turnstile
 import turnstile.aio
 
-from ._harness import check_exclusive, max_concurrency
+from .lock_harness import check_exclusive, max_concurrency
 
 
 def _record(log: list[dict[str, Any]], guard: threading.Lock, key: str, hold: float) -> None:

@@ -8,7 +8,7 @@ import itertools
 import turnstile
 from tests.conftest import BackendUnderTest
 
-from ._harness import Spawner
+from .lock_harness import Spawner
 
 
 def test_tokens_increase_with_every_grant(client: turnstile.Client) -> None:

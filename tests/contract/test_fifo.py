@@ -12,7 +12,7 @@ import pytest
 import turnstile
 from tests.conftest import BackendUnderTest
 
-from ._harness import Spawner, Worker, require_processes, wait_until
+from .lock_harness import Spawner, Worker, require_processes, wait_until
 
 WAITERS = 6
 

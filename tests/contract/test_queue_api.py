@@ -10,10 +10,10 @@ import pytest
 
 import turnstile
 import turnstile.aio
-from tests.contract import queue_support
+from tests.contract import queue_harness
 
-aqclient = queue_support.aqclient  # the fixture, for this module
-qclient = queue_support.qclient  # the fixture, for this module
+aqclient = queue_harness.aqclient  # the fixture, for this module
+qclient = queue_harness.qclient  # the fixture, for this module
 
 Client = turnstile.Client
 

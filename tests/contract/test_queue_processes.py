@@ -34,10 +34,10 @@ import pytest
 
 import turnstile
 from tests.conftest import BackendUnderTest
-from tests.contract import queue_support
+from tests.contract import queue_harness
 from tests.contract.queue_worker import run as run_worker
 
-qclient = queue_support.qclient  # the fixture, for this module
+qclient = queue_harness.qclient  # the fixture, for this module
 
 ROOT = Path(__file__).resolve().parents[2]
 VT = 1.0

@@ -18,10 +18,10 @@ import pytest
 import turnstile
 import turnstile.aio
 from tests.conftest import BackendUnderTest
-from tests.contract import queue_support
+from tests.contract import queue_harness
 
-aqclient = queue_support.aqclient  # the fixture, for this module
-qclient = queue_support.qclient  # the fixture, for this module
+aqclient = queue_harness.aqclient  # the fixture, for this module
+qclient = queue_harness.qclient  # the fixture, for this module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_sigterm_finishes_current_messages_and_takes_no_new_one(
     opts = {"url": backend.url, "name": "graceful", "vt": 5, "log": str(log), "work_s": 0.6,
             "workers": 2}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.contract.queue_work_proc", json.dumps(opts)],
+        [sys.executable, "-m", "tests.contract.queue_work_worker", json.dumps(opts)],
         cwd=ROOT, stdout=subprocess.PIPE,
     )
     try:

@@ -9,7 +9,7 @@ import pytest
 
 import turnstile
 
-from ._harness import Spawner
+from .lock_harness import Spawner
 
 
 def test_double_release_is_harmless(client: turnstile.Client) -> None:

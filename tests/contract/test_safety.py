@@ -13,7 +13,7 @@ import pytest
 import turnstile
 from tests.conftest import BackendUnderTest
 
-from ._harness import Spawner, check_bounded, check_exclusive, max_concurrency
+from .lock_harness import Spawner, check_bounded, check_exclusive, max_concurrency
 
 WORKERS = 8
 

@@ -8,7 +8,7 @@ import time
 
 import turnstile
 
-from ._harness import Spawner
+from .lock_harness import Spawner
 
 
 def test_positions_and_idempotence(client: turnstile.Client, workers: Spawner) -> None:

@@ -11,7 +11,7 @@ import pytest
 import turnstile
 from turnstile._core import timing
 
-from ._harness import Spawner, wait_until
+from .lock_harness import Spawner, wait_until
 
 # With this ttl a waiter re-asks on its own only every heartbeat (1.7 s): any faster handover
 # was a wake-up by the store.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.contract._harness import check_bounded, check_exclusive, max_concurrency
+from tests.contract.lock_harness import check_bounded, check_exclusive, max_concurrency
 
 
 def iv(start: float, end: float, token: int, asked: float | None = None) -> dict[str, float]:

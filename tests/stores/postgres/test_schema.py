@@ -15,7 +15,7 @@ import pytest
 import turnstile
 from turnstile.stores.postgres import sql as pg
 
-from ._pgcluster import Cluster
+from ._cluster import Cluster
 from ._util import ROOT, schema_url, unique
 
 pytestmark = pytest.mark.postgres

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from ._pgcluster import Cluster
+from ._cluster import Cluster
 from ._util import check_intervals, schema_url, spawn_worker, unique
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

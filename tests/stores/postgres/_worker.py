@@ -1,7 +1,7 @@
 """A worker process for the PostgreSQL fault tests: takes a lock in a loop and reports each
 critical section (monotonic times, same clock for every process of the host) as JSON lines.
 
-    python -m tests.faults._pg_worker '{"url": ..., "name": ..., "iterations": N, ...}'
+    python -m tests.stores.postgres._worker '{"url": ..., "name": ..., "iterations": N, ...}'
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import turnstile
 import turnstile.aio
 from turnstile.stores.redis import locks as redis_common
 
-from .redis_proc import RedisProcess, free_port, redis_process
+from ._servers import RedisProcess, free_port, redis_process
 
 pytestmark = pytest.mark.redis
 

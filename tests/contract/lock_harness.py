@@ -1,4 +1,4 @@
-"""Running scenarios (``_worker.py``) in separate OS processes, or in threads for a backend
+"""Running scenarios (``lock_worker.py``) in separate OS processes, or in threads for a backend
 that lives in one process, behind one interface; and the checks applied to what they record.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from . import _worker
+from . import lock_worker as _worker
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 60.0  # a fresh interpreter on a loaded 2-core machine can be slow to start
@@ -99,7 +99,7 @@ class ProcessWorker(Worker):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.contract._worker", spec],
+            [sys.executable, "-m", "tests.contract.lock_worker", spec],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

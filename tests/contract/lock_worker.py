@@ -3,7 +3,7 @@ lives in one process, in threads sharing the test's client).
 
 As a process::
 
-    python -m tests.contract._worker '{"url": ..., "scenario": ..., "params": {...}}'
+    python -m tests.contract.lock_worker '{"url": ..., "scenario": ..., "params": {...}}'
 
 connects with ``turnstile.connect(url)`` (or ``turnstile.aio.connect`` for ``async_*``
 scenarios), then reports what happens as JSON lines on stdout (``{"event": kind, ...}``) and

@@ -13,7 +13,7 @@ import pytest
 
 import turnstile
 
-from ._pgcluster import Bouncer, Cluster
+from ._cluster import Bouncer, Cluster
 from ._util import check_intervals, schema_url, spawn_worker, unique
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.backends import with_query
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def unique() -> str:
@@ -27,7 +27,7 @@ def spawn_worker(spec: dict[str, Any]) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.faults._pg_worker", json.dumps(spec)],
+        [sys.executable, "-m", "tests.stores.postgres._worker", json.dumps(spec)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 

@@ -13,7 +13,7 @@ import pytest
 
 import turnstile
 
-from ._pgcluster import Cluster
+from ._cluster import Cluster
 from ._util import schema_url, unique
 
 pytestmark = pytest.mark.postgres

@@ -19,7 +19,7 @@ import redis
 
 import turnstile
 
-from .redis_proc import CuttingProxy, RedisProcess, redis_process, wait_until
+from ._servers import CuttingProxy, RedisProcess, redis_process, wait_until
 
 pytestmark = pytest.mark.redis
 
