@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
         return 1
     unused = [a for a, _ in REPLACEMENTS if a not in USED]
     if check and unused:
-        print("substitution rules that no source line needs (remove them):\n  " + "\n  ".join(unused))
+        print("substitution rules no source line needs (remove them):\n  " + "\n  ".join(unused))
         return 1
     if not check:
         print(f"unasync: {len(stale)} file(s) written" if stale else "unasync: up to date")
