@@ -15,8 +15,8 @@ from types import FrameType
 from typing import Any, NoReturn
 from urllib.parse import quote, unquote, urlsplit
 
+from .. import Client
 from .._core import urls, validate
-from .._sync.client import Client
 from ..errors import InvalidArgument
 
 # Exit codes (docs/cli.md lists them; keep both in step).

@@ -1,10 +1,9 @@
-"""``turnstile demo``: the per-order webhook problem from the SPEC, live, with real worker
-processes. The scenario itself (schedule, workers, checks) is :mod:`turnstile.demo`; this
-module parses the options and shows progress, the timeline and the summary."""
+"""``turnstile demo [--queue]``: the per-order webhook problem from the SPEC, live, with real
+worker processes. The scenario, the workers, the judge and the text all live in
+:mod:`turnstile.demo`; this module parses the options and puts them together."""
 
 from __future__ import annotations
 
-import abc
 import argparse
 import json
 import os
@@ -12,11 +11,12 @@ import secrets
 import shutil
 import sys
 import tempfile
-import time
-from typing import Any, TextIO
 
+from .. import connect
 from .. import demo as scenario
 from .._core.urls import redact
+from ..demo import render
+from ..demo.scenario import orders_of
 from ..errors import InvalidArgument
 from . import _common
 
@@ -164,11 +164,6 @@ def events_per_order(args: argparse.Namespace) -> list[int]:
 
 def demo_command(args: argparse.Namespace) -> int:
     counts = events_per_order(args)
-    run = _demo
-    if args.queue:  # the same webhooks, solved by arrival order (cli/demo_queue.py)
-        from . import demo_queue
-
-        run = demo_queue.run
     schedule = scenario.arrival_schedule(
         counts, gap=args.gap_ms, work=args.work_ms, arrival=args.arrival, seed=args.seed
     )
@@ -177,14 +172,12 @@ def demo_command(args: argparse.Namespace) -> int:
     if url is None:
         with tempfile.TemporaryDirectory(prefix="turnstile-demo-") as folder:
             db = os.path.join(folder, "demo.db")
-            return run(args, schedule, workers, f"sqlite:///{db}", prefix="")
+            return _demo(args, schedule, workers, f"sqlite:///{db}", prefix="")
     _check_shared(url)
-    return run(args, schedule, workers, url, prefix=f"demo-{secrets.token_hex(4)}:")
+    return _demo(args, schedule, workers, url, prefix=f"demo-{secrets.token_hex(4)}:")
 
 
 def _check_shared(url: str) -> None:
-    from .. import connect
-
     with connect(url) as client:
         client.ping()
         if not client.characteristics.cross_process:
@@ -201,39 +194,56 @@ def _demo(
     url: str,
     prefix: str,
 ) -> int:
+    """Both variants: the same webhooks under per-order locks, or (``--queue``) through a
+    queue keyed by order."""
     out = sys.stdout
+    queue_name = f"{prefix}webhooks" if args.queue else None
     show_progress = not args.json and not args.no_progress
     live = show_progress and out.isatty() and os.environ.get("TERM", "") != "dumb"
-    orders = sorted({w.order for w in schedule}, key=lambda o: (len(o), o))
     if not args.json:
-        ids = " ".join(w.id for w in schedule[:12]) + (" …" if len(schedule) > 12 else "")
-        print(
-            f"turnstile demo: {len(schedule)} webhooks for {len(orders)} orders ({ids}) arrive "
-            f"{args.gap_ms * 1000:g} ms apart;\n"
-            f"{workers} worker processes handle them under per-order locks "
-            f"(lock name {prefix}order:<order>), {args.work_ms * 1000:g} ms of work each.\n"
-            f"store: {redact(url)}",
-            file=out,
-        )
+        for line in render.intro(
+            schedule,
+            workers=workers,
+            gap=args.gap_ms,
+            work=args.work_ms,
+            store=redact(url),
+            lock_prefix=prefix,
+            queue_name=queue_name,
+        ):
+            print(line, file=out)
         print(f"starting {workers} worker processes …", file=out, flush=True)
-    display: _Display | None = None
+    display: render.Display | None = None
     if show_progress:
-        display = _LiveBoard(out, schedule, orders) if live else _ProgressLines(out)
+        display = render.LiveBoard(out, schedule) if live else render.ProgressLines(out)
 
     def ready(seconds: float) -> None:
         if not args.json:
             print(f"workers ready in {seconds:.2f} s; webhooks arriving\n", file=out, flush=True)
 
+    on_update = display.update if display is not None else None
+    waited: float | None = None
     try:
         with _common.stop_on_signals():  # SIGTERM: stop the workers, then exit 143
-            result = scenario.run_scenario(
-                url,
-                schedule,
-                workers=workers,
-                options={"ttl": args.ttl, "timeout": 60.0, "prefix": prefix},
-                on_update=display.update if display is not None else None,
-                on_ready=ready,
-            )
+            if queue_name is None:
+                result = scenario.run_scenario(
+                    url,
+                    schedule,
+                    workers=workers,
+                    options={"ttl": args.ttl, "timeout": 60.0, "prefix": prefix},
+                    on_update=on_update,
+                    on_ready=ready,
+                )
+            else:
+                queued = scenario.run_queue_scenario(
+                    url,
+                    schedule,
+                    workers=workers,
+                    name=queue_name,
+                    visibility_timeout=max(10.0, 3 * args.work_ms),
+                    on_update=on_update,
+                    on_ready=ready,
+                )
+                result, waited = queued, scenario.worker_wait(queued)
     except scenario.DemoError as exc:
         _common.error(f"the demo could not run: {exc}", _common.secrets_of(url))
         return _common.EXIT_FAILURE
@@ -241,163 +251,54 @@ def _demo(
         display.finish()
     summary = scenario.summarize(result)
     if args.json:
-        report = {
-            "url": redact(url),
-            "scenario": {
-                "orders": len(orders),
-                "events_per_order": [sum(1 for w in schedule if w.order == o) for o in orders],
-                "arrival": args.arrival,
-                "seed": args.seed,
-                "gap_ms": round(args.gap_ms * 1000, 3),
-                "work_ms": round(args.work_ms * 1000, 3),
-                "workers": workers,
-                "ttl": args.ttl,
-                "startup_seconds": round(result.startup, 3),
-            },
-            "events": [r.to_dict() for r in result.records],
-            "summary": summary.to_dict(),
-        }
-        json.dump(report, out, indent=2)
+        json.dump(_report(args, url, result, summary, waited), out, indent=2)
         out.write("\n")
     else:
         width = args.width or max(20, min(100, shutil.get_terminal_size((100, 24)).columns - 14))
-        print("\ntimeline  (RA1===: event running, ...: an event waiting for its turn)", file=out)
-        for line in scenario.render_timeline(result.records, schedule, width=width):
-            print("  " + line, file=out)
-        print(file=out)
-        for line in render_summary(summary):
+        waiting = "an event waiting for its turn"
+        if args.queue:
+            waiting = "an event queued behind its order"
+        lines = render.render_report(
+            result.records,
+            schedule,
+            summary,
+            width=width,
+            waiting=waiting,
+            tokens=not args.queue,  # a queue's turns carry no fencing token
+            worker_wait=waited,
+        )
+        for line in lines:
             print(line, file=out)
     return _common.EXIT_OK if summary.ok else _common.EXIT_FAILURE
 
 
-def render_summary(summary: scenario.Summary) -> list[str]:
-    s = summary
-    lines = ["summary"]
-    checked = f"start times and fencing tokens of {s.completed} events checked"
-    if s.violations:
-        lines.append(f"  order kept within each order:  NO, {len(s.violations)} violations")
-        lines += [f"      {v}" for v in s.violations[:10]]
-    else:
-        lines.append(f"  order kept within each order:  yes, 0 violations ({checked})")
-    if s.failures:
-        lines.append(f"  failed webhooks:               {len(s.failures)}")
-        lines += [f"      {f.webhook.id}: {f.message}" for f in s.failures[:10]]
-    if s.orders < 2:
-        lines.append("  orders in parallel:            (only one order)")
-    elif s.max_parallel_orders >= 2:
-        lines.append(
-            f"  orders in parallel:            yes, up to {s.max_parallel_orders} orders at "
-            f"once, for {s.parallel_seconds:.2f} s"
-        )
-    else:
-        lines.append("  orders in parallel:            NO, different orders never overlapped")
-    lines.append(
-        f"  makespan:                      {s.makespan:.3f} s; ideal {s.ideal.seconds:.3f} s "
-        f"(efficiency {s.efficiency:.0%})"
-    )
-    lines.append(f"      ideal = lower bound: {s.ideal.reason}")
-    if s.handovers:
-        p50, worst = s.handover_p50, s.handover_max
-        assert p50 is not None and worst is not None
-        lines.append(
-            f"  handover latency:              p50 {p50 * 1000:.1f} ms, max {worst * 1000:.1f} ms"
-            f" over {len(s.handovers)} handovers (an event's end to the next one's start)"
-        )
-    else:
-        lines.append("  handover latency:              no handovers (no event had to wait)")
-    return lines
-
-
-class _Display(abc.ABC):
-    @abc.abstractmethod
-    def update(self, update: scenario.Update) -> None: ...
-
-    def finish(self) -> None:
-        return None
-
-
-class _ProgressLines(_Display):
-    """Plain lines, one per event: for logs and CI, where there is no terminal."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.running: dict[str, str] = {}  # order -> webhook id running
-        self.last_end: dict[str, tuple[str, float]] = {}  # order -> last event ended, when
-        self.arrived: dict[str, float] = {}
-
-    def update(self, u: scenario.Update) -> None:
-        order, hook = u.webhook.order, u.webhook.id
-        if u.kind == "arrived":
-            self.arrived[hook] = u.at
-            busy = self.running.get(order)
-            text = f"{hook} arrived" + (f"; order {order} busy with {busy}, waits" if busy else "")
-        elif u.kind == "started":
-            self.running[order] = hook
-            waited = u.at - self.arrived.get(hook, u.at)
-            text = f"{hook} started on worker {u.worker}, token {u.token}"
-            if order in self.last_end and waited > 0.002:
-                previous, ended = self.last_end[order]
-                handover = (u.at - ended) * 1000
-                text += f" (waited {waited:.3f} s; {handover:.1f} ms after {previous} ended)"
-        elif u.kind == "ended":
-            self.running.pop(order, None)
-            self.last_end[order] = (hook, u.at)
-            text = f"{hook} done"
-        else:
-            self.running.pop(order, None)
-            text = f"{hook} FAILED: {u.message}"
-        print(f"  {f'+{u.at:.3f}s':>8}  {text}", file=self.out, flush=True)
-
-
-class _LiveBoard(_Display):
-    """A block of lines, one per order, redrawn in place on a terminal."""
-
-    MAX_ROWS = 12
-
-    def __init__(self, out: TextIO, schedule: list[scenario.Webhook], orders: list[str]) -> None:
-        self.out = out
-        self.orders = orders
-        self.hooks = {o: [w.id for w in schedule if w.order == o] for o in orders}
-        self.state: dict[str, str] = {w.id: "-" for w in schedule}
-        self.started = time.monotonic()
-        self.at = 0.0
-        self.drawn = 0
-        self.columns = shutil.get_terminal_size((100, 24)).columns
-
-    def update(self, u: scenario.Update) -> None:
-        self.at = u.at
-        self.state[u.webhook.id] = {
-            "arrived": "waiting",
-            "started": "RUNNING",
-            "ended": "done",
-            "failed": "FAILED",
-        }[u.kind]
-        self.draw()
-
-    def lines(self) -> list[str]:
-        done = sum(1 for s in self.state.values() if s == "done")
-        rows = [f"  +{self.at:.3f}s  {done}/{len(self.state)} done"]
-        shown = self.orders
-        if len(shown) > self.MAX_ROWS:
-            shown = shown[: self.MAX_ROWS - 1]
-        for order in shown:
-            cells = "  ".join(f"{h} {self.state[h]:<7}" for h in self.hooks[order])
-            rows.append(f"  order {order:<3} {cells}"[: self.columns - 1])
-        if len(shown) < len(self.orders):
-            rest = self.orders[len(shown) :]
-            running = sum(1 for o in rest for h in self.hooks[o] if self.state[h] == "RUNNING")
-            rows.append(f"  … and {len(rest)} more orders ({running} events running)")
-        return rows
-
-    def draw(self) -> None:
-        rows = self.lines()
-        text: list[Any] = []
-        if self.drawn:
-            text.append(f"\x1b[{self.drawn}F")  # back to the first line of the block
-        text += [f"\x1b[2K{row}\n" for row in rows]
-        self.out.write("".join(text))
-        self.out.flush()
-        self.drawn = len(rows)
-
-    def finish(self) -> None:
-        self.draw()
+def _report(
+    args: argparse.Namespace,
+    url: str,
+    result: scenario.ScenarioResult,
+    summary: scenario.Summary,
+    worker_wait: float | None,
+) -> dict[str, object]:
+    """The ``--json`` report; the queue variant says so (``mode``), has no ttl, and adds the
+    time workers waited on a turn."""
+    schedule = result.schedule
+    orders = orders_of(schedule)
+    setup: dict[str, object] = {
+        "orders": len(orders),
+        "events_per_order": [sum(1 for w in schedule if w.order == o) for o in orders],
+        "arrival": args.arrival,
+        "seed": args.seed,
+        "gap_ms": round(args.gap_ms * 1000, 3),
+        "work_ms": round(args.work_ms * 1000, 3),
+        "workers": result.workers,
+    }
+    if not args.queue:
+        setup["ttl"] = args.ttl
+    setup["startup_seconds"] = round(result.startup, 3)
+    totals = summary.to_dict()
+    report: dict[str, object] = {"url": redact(url)}
+    if worker_wait is not None:
+        report["mode"] = "queue"
+        totals["worker_wait_seconds"] = round(worker_wait, 6)
+    report.update(scenario=setup, events=[r.to_dict() for r in result.records], summary=totals)
+    return report

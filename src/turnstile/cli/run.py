@@ -20,9 +20,8 @@ import threading
 import time
 from types import FrameType
 
+from .. import AcquireTimeout, BackendUnavailable, Lease, LeaseLost, Semaphore
 from .._core import timing
-from .._sync.semaphore import Lease, Semaphore
-from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
 from . import _common
 from ._common import (
     EXIT_CANNOT_EXECUTE,

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .._core.records import Status
+from .. import Status
 from .._core.urls import redact
 from . import _common
 
