@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import re
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from turnstile import demo
-from turnstile.demo import EventRecord, Webhook
+from turnstile.demo import EventRecord, Webhook, render
 
 from ._cli import run
 
@@ -191,3 +192,59 @@ def test_handovers_parallelism_and_makespan() -> None:
     assert lines[2].startswith("order A") and "RA1" in lines[2] and "RA2" in lines[2]
     assert lines[3].startswith("order B") and "RB2" in lines[3]
     assert all(len(line) <= 12 + 50 for line in lines[2:])
+
+
+# -- what the demo prints: text for people, never Python's -------------------------------
+
+NOT_FOR_PEOPLE = re.compile(r"\bNone\b|object at 0x|\w+\(\w+=")  # None, reprs of objects
+
+
+@pytest.mark.parametrize("variant", [[], ["--queue"]], ids=["locks", "queue"])
+def test_demo_output_has_no_python_none_or_reprs(variant: list[str]) -> None:
+    result = run("demo", *variant, "--events", "2,2", "--work-ms", "60", timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "summary" in out and "timeline" in out
+    assert "None" not in out and "object at 0x" not in out, out
+    assert not NOT_FOR_PEOPLE.search(out + result.stderr), out
+    if variant:
+        assert "workers waiting on a turn" in out
+        assert "token" not in out  # a queue's turn has no fencing token to show
+
+
+def test_failures_and_violations_are_shown_as_text() -> None:
+    """The paths a healthy run does not take: failed webhooks (one no worker reported back
+    on), violations, events without a token."""
+    records = [_record("RA2", 0.0, 0.3, 2), _record("RA1", 0.2, 0.5, 1)]
+    schedule = [*(r.webhook for r in records), Webhook("RB1", "B", 1, 0.1, 0.3)]
+    failures = [
+        demo.Failure(schedule[2], None, "not finished within 1 s"),
+        demo.Failure(records[0].webhook, 3, "LeaseLost: lost"),
+    ]
+    result = demo.ScenarioResult(schedule, records, failures, 2, 0.5)
+    summary = demo.summarize(result)
+    assert not summary.ok
+    out = io.StringIO()
+    progress = render.ProgressLines(out)
+    for update in [
+        demo.Update("arrived", schedule[0], 0.0),
+        demo.Update("started", schedule[0], 0.01, 1, None),
+        demo.Update("started", schedule[1], 0.5, 2, 7),
+        demo.Update("failed", schedule[2], 1.0, None, None, "not finished within 1 s"),
+        demo.Update("ended", schedule[0], 0.3, 1, None),
+    ]:
+        progress.update(update)
+    board = render.LiveBoard(out, schedule)
+    board.update(demo.Update("failed", schedule[2], 1.0))
+    board.finish()
+    for tokens, wait in [(True, None), (False, 0.25)]:
+        lines = render.render_report(
+            records, schedule, summary, width=40, waiting="w", tokens=tokens, worker_wait=wait
+        )
+        out.write("\n".join(lines) + "\n")
+    text = out.getvalue()
+    assert "RB1 FAILED: not finished within 1 s" in text
+    assert "order kept within each order:  NO, 3 violations" in text
+    assert "failed webhooks:               2" in text
+    assert "handover latency:" in text and "workers waiting on a turn:     0.250 s" in text
+    assert not NOT_FOR_PEOPLE.search(text), text
