@@ -14,18 +14,6 @@ from dataclasses import dataclass, field
 
 from .scenario import EventRecord, Failure, ScenarioResult, Webhook
 
-__all__ = [
-    "Ideal",
-    "Summary",
-    "Violation",
-    "handover_latencies",
-    "ideal_makespan",
-    "makespan",
-    "order_violations",
-    "parallelism",
-    "summarize",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class Violation:

@@ -14,16 +14,6 @@ from typing import TextIO
 from .judge import Summary
 from .scenario import EventRecord, Update, Webhook, orders_of
 
-__all__ = [
-    "Display",
-    "LiveBoard",
-    "ProgressLines",
-    "intro",
-    "render_report",
-    "render_summary",
-    "render_timeline",
-]
-
 SHOWN_IDS = 12  # webhook ids named in the opening line
 
 

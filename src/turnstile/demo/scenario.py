@@ -11,21 +11,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "ARRIVALS",
-    "DEFAULT_EVENTS",
-    "DEFAULT_GAP",
-    "DEFAULT_WORK",
-    "DemoError",
-    "EventRecord",
-    "Failure",
-    "ScenarioResult",
-    "Update",
-    "Webhook",
-    "arrival_schedule",
-    "order_labels",
-]
-
 DEFAULT_EVENTS = (2, 3)  # order A: RA1, RA2; order B: RB1, RB2, RB3
 DEFAULT_GAP = 0.04  # seconds between arrivals
 DEFAULT_WORK = 0.3  # seconds of work per webhook

@@ -40,17 +40,6 @@ from typing import Any, Protocol
 from .. import Client, Lease, Lock, connect
 from .scenario import DemoError, EventRecord, Failure, ScenarioResult, Update, Webhook
 
-__all__ = [
-    "DEFAULT_STRATEGY",
-    "OrderLock",
-    "QueueScenarioResult",
-    "TurnstileOrderLock",
-    "load_strategy",
-    "run_queue_scenario",
-    "run_scenario",
-    "worker_wait",
-]
-
 DEFAULT_STRATEGY = "turnstile.demo:TurnstileOrderLock"
 IDLE_LIMIT = 120.0  # a worker that gets nothing for this long exits (bounds every wait)
 
