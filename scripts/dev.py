@@ -104,11 +104,13 @@ def test_servers() -> Iterator[None]:
             # Tests that start Redis servers of their own find the same binary.
             env["PATH"] = f"{binary.parent}{os.pathsep}{env['PATH']}"
             if not env.get("TURNSTILE_TEST_REDIS_URL"):
-                redis = stack.enter_context(servers.redis_server("--appendonly", "no"))
+                redis = stack.enter_context(
+                    servers.redis_server("--appendonly", "no", binary=binary)
+                )
                 env["TURNSTILE_TEST_REDIS_URL"] = redis.url
                 log(f"started Redis at {redis.url}")
             if not env.get("TURNSTILE_TEST_REDIS_CLUSTER_URL"):
-                cluster = stack.enter_context(servers.redis_cluster(3))
+                cluster = stack.enter_context(servers.redis_cluster(3, binary=binary))
                 env["TURNSTILE_TEST_REDIS_CLUSTER_URL"] = cluster.url
                 log(f"started Redis Cluster at {cluster.url}")
         if not env.get("TURNSTILE_TEST_POSTGRES_URL"):
