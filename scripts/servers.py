@@ -184,7 +184,7 @@ def _read_reply(stream: IO[bytes]) -> Any:
         return int(body)
     if kind == b"$":
         size = int(body)
-        return None if size < 0 else stream.read(size + 2)[:-2].decode()
+        return None if size < 0 else stream.read(size + 2)[:-2].decode(errors="replace")
     if kind == b"*":
         size = int(body)
         return None if size < 0 else [_read_reply(stream) for _ in range(size)]
