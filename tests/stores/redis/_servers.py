@@ -1,8 +1,9 @@
-"""Throwaway Redis servers and a TCP proxy that these fault tests control.
+"""The Redis servers these fault tests control, and a TCP proxy that loses replies.
 
-The servers are real ``redis-server`` processes found on PATH (``scripts/dev.py test`` puts
-the one it uses there), on free ports, in the test's temporary folder: the tests may kill,
-restart and flush them because nobody else uses them.
+The servers come from the shared starter (``scripts/servers.py``): real ``redis-server``
+processes on free ports, in the test's temporary folder, that the tests may kill, restart
+and flush because nobody else uses them. What is test-only lives here: a redis-py admin
+connection, command statistics, slot moves and the cutting proxy.
 """
 
 from __future__ import annotations
@@ -10,104 +11,45 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
 
+from scripts import servers
+from scripts.servers import free_port
 
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found is None:
-        message = "redis-server is not on PATH (scripts/dev.py test puts one there)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = [
+    "CuttingProxy",
+    "RedisProcess",
+    "free_port",
+    "move_slot",
+    "redis_cluster",
+    "redis_process",
+    "wait_until",
+]
 
 
-def free_cluster_port() -> int:
-    """A free port p <= 55535 whose cluster bus port p + 10000 is free too."""
-    for _ in range(200):
-        port = free_port()
-        if port > 55535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
+def _skip_or_fail(message: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
-class RedisProcess:
-    """One redis-server of our own. ``kill()`` is kill -9; ``start()`` again reuses the
-    port and folder, so an append-only file is read back."""
-
-    def __init__(self, folder: Path, *options: str) -> None:
-        opts = list(options)
-        self.password = opts[opts.index("--requirepass") + 1] if "--requirepass" in opts else None
-        self.folder = folder
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.options = list(options)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+class RedisProcess(servers.RedisServer):
+    """One redis-server of our own (see ``servers.RedisServer``), with a redis-py admin
+    connection. Without a redis-server binary the test is skipped (failed under CI)."""
 
     def start(self) -> None:
-        args = [
-            redis_server_binary(),
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.folder),
-            "--logfile",
-            str(self.folder / "redis.log"),
-            "--save",
-            "",
-            *self.options,
-        ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with contextlib.closing(self.admin(timeout=1)) as r:
-                    if r.ping():
-                        return
-            except redis.exceptions.BusyLoadingError:
-                pass
-            except redis.exceptions.ConnectionError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                log = (self.folder / "redis.log").read_text(errors="replace")[-2000:]
-                self.kill()  # never leave a half-started server behind
-                raise RuntimeError(f"redis-server did not start: {log}")
-            time.sleep(0.02)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
+        try:
+            super().start()
+        except servers.Unavailable as exc:
+            _skip_or_fail(f"{exc} (scripts/dev.py test puts one on PATH)")
 
     def admin(self, timeout: float = 5) -> redis.Redis:
         return redis.Redis(port=self.port, password=self.password, socket_timeout=timeout)
@@ -125,7 +67,7 @@ def redis_process(folder: Path, *options: str) -> Iterator[RedisProcess]:
         server.start()
         yield server
     finally:
-        server.kill()
+        server.close()
 
 
 class CuttingProxy:
@@ -226,50 +168,12 @@ def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.01
 @contextlib.contextmanager
 def redis_cluster(folder: Path, masters: int = 3) -> Iterator[list[RedisProcess]]:
     """A Redis Cluster of our own: ``masters`` nodes, no replicas, slots split evenly."""
-    nodes = []
+    cluster = servers.RedisClusterServers(masters, folder, node_class=RedisProcess)
     try:
-        for i in range(masters):
-            node = RedisProcess(
-                folder / f"node{i}",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                str(folder / f"node{i}" / "nodes.conf"),
-                "--cluster-node-timeout",
-                "5000",
-                "--appendonly",
-                "no",
-            )
-            node.port = free_cluster_port()
-            nodes.append(node)
-            node.start()
-        per = 16384 // masters
-        for i, node in enumerate(nodes):
-            last = 16383 if i == masters - 1 else (i + 1) * per - 1
-            with contextlib.closing(node.admin()) as r:
-                r.execute_command("CLUSTER", "ADDSLOTS", *range(i * per, last + 1))
-                for other in nodes:
-                    if other is not node:
-                        r.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port)
-
-        def ready() -> bool:
-            for node in nodes:
-                with contextlib.closing(node.admin()) as r:
-                    info = r.execute_command("CLUSTER", "INFO")
-                    text = info.decode() if isinstance(info, bytes) else str(info)
-                    if "cluster_state:ok" not in text:
-                        return False
-                    if len(r.execute_command("CLUSTER", "NODES").splitlines()) < masters:
-                        return False
-            return True
-
-        if not wait_until(ready, 30, 0.1):
-            raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
-        time.sleep(0.5)  # every node sees every slot assigned
-        yield nodes
+        cluster.start()
+        yield cast(list[RedisProcess], cluster.nodes)  # made by node_class=RedisProcess
     finally:
-        for node in nodes:
-            node.kill()
+        cluster.close()
 
 
 def move_slot(nodes: list[RedisProcess], slot: int) -> tuple[RedisProcess, RedisProcess]:
