@@ -198,3 +198,16 @@ def test_markdown_and_json() -> None:
         "v": None,
         "g": {"pid": 1, "wait_start": 0.0, "start": 1.0, "end": 2.0, "queued": None},
     }
+
+
+def test_the_webhooks_and_their_ideal_are_the_demos() -> None:
+    from turnstile import demo
+
+    scenario = h.WebhookScenario.random(3, 2, seed=4, spacing=0.01, work=0.5)
+    expected = demo.arrival_schedule([2, 2, 2], gap=0.01, work=0.5, arrival="shuffled", seed=4)
+    assert list(scenario.arrivals) == expected
+    assert h.ideal_makespan(scenario, 2) == demo.ideal_makespan(expected, 2).seconds
+    parsed = h.WebhookScenario.parse(h.scenarios.demo_notation())
+    assert [(w.id, w.order, w.seq) for w in parsed.arrivals] == [
+        (w.id, w.order, w.seq) for w in demo.arrival_schedule()
+    ]
