@@ -16,41 +16,44 @@ Exits with status 77 when there is neither a URL nor a PostgreSQL installation t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
 import secrets
-import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(1, str(HERE.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import (  # noqa: E402
+from turnstile_bench import (
     Contender,
     HandoverResult,
-    LockAdapter,
+    LockBench,
+    Sizes,
     TurnstileLock,
     UncontendedResult,
     WebhookResult,
-    WebhookScenario,
+    command_line,
     fmt,
     handover_table,
-    machine_info,
     machine_lines,
-    run_handover,
-    run_uncontended,
-    run_webhooks,
-    to_json,
+    main,
+    no_overlaps,
     uncontended_table,
     webhook_table,
 )
+from turnstile_bench.adapters import (
+    NaiveRowLock,
+    NotifyRowLock,
+    PgAdvisoryLock,
+    TransactionCounter,
+)
+from turnstile_bench.servers import throwaway_postgres
 
-RESULTS = HERE / "results" / "postgres.md"
 BASELINE = "pg_advisory_lock"
 TURNSTILE = "turnstile postgres"
 BARE = "turnstile postgres, no renewer"
@@ -58,153 +61,6 @@ NOTIFY_ROW = "row + NOTIFY (hand-rolled)"
 TARGET_HANDOVER_P50_MS = 2.0
 TARGET_VS_BOUND = 0.90
 TARGET_TX_PER_HANDOVER = 3.0
-SKIP_EXIT = 77
-
-
-class AdvisoryLock(LockAdapter):
-    """``pg_advisory_lock``: a session-level lock on a connection of the worker's own (fast and
-    fair among sessions, but it dies with the connection, has no lease and no fencing token,
-    and breaks behind a transaction pooler)."""
-
-    def __init__(self, url: str) -> None:
-        import psycopg
-
-        self._conn = psycopg.connect(url, autocommit=True)
-        self._key: int | None = None
-
-    def acquire(self, name: str) -> None:
-        self._key = self._conn.execute(
-            "SELECT hashtextextended(%s, 0)", (name,)
-        ).fetchone()[0]  # type: ignore[index]
-        self._conn.execute("SELECT pg_advisory_lock(%s)", (self._key,))
-
-    def release(self) -> None:
-        self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
-        self._key = None
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-class NaiveRowLock(LockAdapter):
-    """The SPEC's naive answer: a lock row taken in a transaction, polled every ``poll``
-    seconds while taken, 10-minute expiry, 30-second acquire timeout."""
-
-    def __init__(self, url: str, schema: str, poll: float, expiry: float = 600.0,
-                 timeout: float = 30.0) -> None:
-        import psycopg
-
-        self._conn = psycopg.connect(url, autocommit=True)
-        self._table = f'"{schema}".naive_locks'
-        self._poll, self._expiry, self._timeout = poll, expiry, timeout
-        self._owner = f"{socket.gethostname()}/{os.getpid()}"
-        self._name: str | None = None
-
-    def acquire(self, name: str) -> None:
-        deadline = time.monotonic() + self._timeout
-        while True:
-            if self._try(name):
-                return
-            if time.monotonic() + self._poll > deadline:
-                raise TimeoutError(f"lock row {name!r} not acquired within {self._timeout} s")
-            time.sleep(self._poll)
-
-    def _try(self, name: str) -> bool:
-        """One attempt: take the row if it is free or expired."""
-        row = self._conn.execute(
-            f"INSERT INTO {self._table} (name, owner, expires_at)"
-            " VALUES (%s, %s, now() + %s * interval '1 second')"
-            " ON CONFLICT (name) DO UPDATE"
-            " SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
-            f" WHERE {self._table}.expires_at <= now()"
-            " RETURNING owner",
-            (name, self._owner, self._expiry),
-        ).fetchone()
-        if row is None:
-            return False
-        self._name = name
-        return True
-
-    def release(self) -> None:
-        self._conn.execute(
-            f"DELETE FROM {self._table} WHERE name = %s AND owner = %s", (self._name, self._owner)
-        )
-        self._name = None
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-class NotifyRowLock(NaiveRowLock):
-    """The hand-rolled *push* lock: the naive row, but a waiter sleeps on LISTEN instead of a
-    poll, and release deletes the row and NOTIFYs in one statement. Every waiter on the name
-    wakes and they race (no line, so no FIFO); no lease renewal, no fencing token. One
-    durable statement per hand-over plus a LISTEN wake-up: about the least any durable lock
-    with push wake-ups can do, which makes it the floor to read Turnstile against."""
-
-    def __init__(self, url: str, schema: str, expiry: float = 600.0, timeout: float = 30.0
-                 ) -> None:
-        import psycopg
-
-        super().__init__(url, schema, poll=1.0, expiry=expiry, timeout=timeout)
-        self._listen = psycopg.connect(url, autocommit=True)
-        self._heard: set[str] = set()
-
-    @staticmethod
-    def _channel(name: str) -> str:
-        import hashlib
-
-        return "naive_" + hashlib.sha256(name.encode()).hexdigest()[:24]
-
-    def acquire(self, name: str) -> None:
-        channel = self._channel(name)
-        if channel not in self._heard:  # listen before the first try: no release slips by
-            self._listen.execute(f'LISTEN "{channel}"')
-            self._heard.add(channel)
-        deadline = time.monotonic() + self._timeout
-        while True:
-            if self._try(name):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"lock row {name!r} not acquired within {self._timeout} s")
-            # Woken by a release on this name (or another we listen to: then just try again).
-            for _ in self._listen.notifies(timeout=1.0, stop_after=1):
-                pass
-
-    def release(self) -> None:
-        assert self._name is not None
-        self._conn.execute(
-            f"WITH gone AS (DELETE FROM {self._table} WHERE name = %s AND owner = %s"
-            " RETURNING name) SELECT pg_notify(%s, '') FROM gone",
-            (self._name, self._owner, self._channel(self._name)),
-        )
-        self._name = None
-
-    def close(self) -> None:
-        self._listen.close()
-        super().close()
-
-
-class TransactionCounter:
-    """Probe: writing transactions, counted exactly by the transaction ids the server
-    assigned (``txid_current()`` before and after, minus the probe's own). Every Turnstile
-    operation and every naive-row attempt writes (a row lock or a row), so for them this is
-    every transaction; pg_advisory_lock writes nothing and shows 0.
-    (``pg_stat_database.xact_commit`` would count read-only ones too, but an idle backend
-    reports its statistics up to seconds late, so it undercounts short runs.)"""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.calls = 0
-
-    def __call__(self) -> dict[str, float]:
-        import psycopg
-
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            xid = conn.execute("SELECT txid_current()").fetchone()[0]  # type: ignore[index]
-        # Each reading assigns one id itself; subtract the earlier readings' ids.
-        self.calls += 1
-        return {"transactions": float(xid - self.calls)}
 
 
 def idle_probe(url: str, schema: str, pause: float, rounds: int = 40) -> dict[str, float]:
@@ -234,15 +90,14 @@ def idle_probe(url: str, schema: str, pause: float, rounds: int = 40) -> dict[st
     return out
 
 
+
+
 def contenders(url: str, schema: str) -> list[Contender]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
-        conn.execute(
-            f'CREATE TABLE "{schema}".naive_locks ('
-            " name text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL)"
-        )
+    NaiveRowLock.create_table(url, schema)
     sep = "&" if "?" in url else "?"
     turnstile_url = f"{url}{sep}schema={schema}"
     import turnstile
@@ -264,19 +119,19 @@ def contenders(url: str, schema: str) -> list[Contender]:
         ),
         Contender(
             BASELINE,
-            functools.partial(AdvisoryLock, url),
+            functools.partial(PgAdvisoryLock, url),
             "`SELECT pg_advisory_lock(k)` / `pg_advisory_unlock(k)` on a session of its own",
             probe,
         ),
         Contender(
             "naive row (1 s poll)",
-            functools.partial(NaiveRowLock, url, schema, 1.0),
+            functools.partial(NaiveRowLock, url, schema, poll=1.0),
             "`INSERT ... ON CONFLICT DO UPDATE ... WHERE expired`, retried once a second",
             probe,
         ),
         Contender(
             "naive row (50 ms poll)",
-            functools.partial(NaiveRowLock, url, schema, 0.05),
+            functools.partial(NaiveRowLock, url, schema, poll=0.05),
             "the same, retried every 50 ms",
             probe,
         ),
@@ -290,50 +145,6 @@ def contenders(url: str, schema: str) -> list[Contender]:
         ),
     ]
 
-
-def run(args: argparse.Namespace, url: str, schema: str) -> dict[str, Any]:
-    main = contenders(url, schema)
-    quick = args.quick
-    print("uncontended acquire + release", file=sys.stderr)
-    uncontended = run_uncontended(
-        [c for c in main if c.label not in ("naive row (50 ms poll)", NOTIFY_ROW)],
-        iterations=100 if quick else 1000,
-        max_seconds=0.5 if quick else 3.0,
-        trials=1 if quick else 5,
-    )
-    handover: list[HandoverResult] = []
-    for waiters in [2] if quick else args.waiters:
-        print(f"handover, {waiters} waiters", file=sys.stderr)
-        rounds = 4 if quick else max(6, 200 // (waiters + 1))
-        handover.extend(
-            run_handover(
-                main,
-                processes=waiters + 1,
-                rounds=rounds,
-                hold=0.002,
-                max_seconds=2.5 if quick else 20.0,
-            )
-        )
-    # The demo's five webhooks take 60 ms: one trial is mostly noise, so take the median of
-    # several (interleaved over the contenders).
-    scenarios = [(WebhookScenario.parse(args.demo), args.demo_workers, 1 if quick else 7)]
-    if not quick:
-        scenarios.append(
-            (WebhookScenario.random(args.orders, args.per_order, seed=args.seed), args.workers, 3)
-        )
-    webhooks: list[list[WebhookResult]] = []
-    for scenario, workers, trials in scenarios:
-        print(f"webhooks: {scenario.name}", file=sys.stderr)
-        webhooks.append(
-            run_webhooks(main, scenario, workers=workers, work=args.work, trials=trials)
-        )
-    return {
-        "contenders": [{"label": c.label, "note": c.note} for c in main],
-        "idle": idle_probe(url, schema, args.work, rounds=10 if quick else 40),
-        "uncontended": uncontended,
-        "handover": handover,
-        "webhooks": webhooks,
-    }
 
 
 def _groups(handover: list[HandoverResult]) -> list[list[HandoverResult]]:
@@ -480,8 +291,10 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     return ["- **Targets:** " + "; ".join(summary) + ".", *lines]
 
 
-def markdown(results: dict[str, Any], info: dict[str, Any], server: str) -> str:
-    command = "python benchmarks/bench_postgres.py" + "".join(f" {a}" for a in sys.argv[1:])
+def markdown(
+    results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any], server: str
+) -> str:
+    command = command_line("bench_postgres.py", args.argv)
     out = ["# Turnstile PostgreSQL backend vs pg_advisory_lock vs a naive polling lock row", ""]
     out += machine_lines(info, command)
     out += [f"- server: {server}", "", "Contenders:", ""]
@@ -533,86 +346,88 @@ def markdown(results: dict[str, Any], info: dict[str, Any], server: str) -> str:
     return "\n".join(out)
 
 
-def _sane(results: dict[str, Any]) -> bool:
-    """Correctness, not speed: no lock may ever let two critical sections overlap."""
-    overlaps = [r.overlaps for r in results["handover"]]
-    overlaps += [r.overlaps for group in results["webhooks"] for r in group]
-    if any(overlaps):
-        print("OVERLAPPING CRITICAL SECTIONS: a lock is broken", file=sys.stderr)
-    return not any(overlaps) and not any(math.isnan(r.ops_per_s) for r in results["uncontended"])
+class PostgresBench(LockBench):
+    name = "postgres"
+    description = (__doc__ or "").split("\n")[0]
+    packages = ("turnstile", "psycopg", "psycopg-pool")
+    requires = (("psycopg", "pip install 'turnstile[postgres]'"),)
+    tmpdir_help = "accepted for the harness tests; unused"
+    trials_option = False  # fixed: 7 trials of the demo's webhooks, 3 of the random ones
+    server = ""
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (< 60 s), no file")
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
-    parser.add_argument(
-        "--output", type=Path, help=f"write the Markdown here (default for a full run: {RESULTS})"
-    )
-    parser.add_argument("--url", default=os.environ.get("TURNSTILE_BENCH_POSTGRES_URL"),
-                        help="an existing server (default: start a throwaway cluster)")
-    parser.add_argument("--tmpdir", help="accepted for the harness tests; unused")
-    parser.add_argument("--waiters", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[2, 8, 32], help="handover sizes (default 2,8,32)")
-    parser.add_argument("--demo", default="RA1,RA2,RB1,RB2,RB3", help="the demo's webhooks")
-    parser.add_argument("--demo-workers", type=int, default=3)
-    parser.add_argument("--orders", type=int, default=20)
-    parser.add_argument("--per-order", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--work", type=float, default=0.02, help="seconds per webhook")
-    args = parser.parse_args(argv)
-
-    try:
-        import psycopg
-    except ImportError:
-        print("psycopg is not installed: pip install 'turnstile[postgres]'", file=sys.stderr)
-        return SKIP_EXIT
-    cluster: Any = None
-    url = args.url
-    if url:
-        server = "given with --url (shared: counters include others' traffic)"
-    else:
-        from tests.stores.postgres._cluster import Cluster, Unavailable
-
-        try:
-            cluster = Cluster()
-        except Unavailable as exc:
-            print(f"no --url and cannot start PostgreSQL: {exc}", file=sys.stderr)
-            return SKIP_EXIT
-        url = cluster.url
-        server = (
-            "a throwaway cluster started by the script (initdb, default settings, fsync on, "
-            "synchronous_commit on, on the machine's temporary directory)"
+    def options(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--url",
+            default=os.environ.get("TURNSTILE_BENCH_POSTGRES_URL"),
+            help="an existing server (default: start a throwaway cluster)",
         )
-    info = machine_info(["turnstile", "psycopg", "psycopg-pool"])
-    schema = f"bench_{secrets.token_hex(4)}"
-    started = time.monotonic()
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        info["versions"]["PostgreSQL"] = version
-        results = run(args, url, schema)
-    finally:
-        if cluster is not None:
-            cluster.close()
-        else:
+        parser.add_argument(
+            "--waiters",
+            type=lambda s: [int(x) for x in s.split(",")],
+            default=[2, 8, 32],
+            help="handover sizes (default 2,8,32)",
+        )
+        super().options(parser)
+
+    @contextlib.contextmanager
+    def target(self, args: argparse.Namespace, info: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        import psycopg
+
+        schema = f"bench_{secrets.token_hex(4)}"
+        with contextlib.ExitStack() as stack:
+            if args.url:
+                url = args.url
+                self.server = "given with --url (shared: counters include others' traffic)"
+                stack.callback(_drop_schema, url, schema)
+            else:
+                url = stack.enter_context(throwaway_postgres())
+                self.server = (
+                    "a throwaway cluster started by the script (initdb, default settings, "
+                    "fsync on, synchronous_commit on, on the machine's temporary directory)"
+                )
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    info["seconds"] = round(time.monotonic() - started, 1)
-    text = markdown(results, info, server)
-    text += f"\nThe whole run took {info['seconds']:.0f} s.\n"
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-        print(f"wrote {output}", file=sys.stderr)
-    if args.json:
-        print(to_json({"machine": info, **results}))
-    else:
-        print(text)
-    return 0 if _sane(results) else 1
+                version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+            info["versions"]["PostgreSQL"] = version
+            yield url, schema
+
+    def run(self, args: argparse.Namespace, target: tuple[str, str]) -> dict[str, Any]:
+        url, schema = target
+        main = contenders(url, schema)
+        quick = args.quick
+        sizes = Sizes(
+            iterations=100 if quick else 1000,
+            seconds=0.5 if quick else 3.0,
+            trials=1 if quick else 5,
+            waiters=[2] if quick else args.waiters,
+            rounds=lambda processes: 4 if quick else max(6, 200 // processes),
+            handover_seconds=2.5 if quick else 20.0,
+            # The demo's five webhooks take 60 ms: one trial is mostly noise, so take the
+            # median of several (interleaved over the contenders).
+            webhook_trials=(1,) if quick else (7, 3),
+        )
+        uncontended = [c for c in main if c.label not in ("naive row (50 ms poll)", NOTIFY_ROW)]
+        locks = self.run_locks(args, main, sizes, uncontended=uncontended)
+        return {
+            "contenders": [{"label": c.label, "note": c.note} for c in main],
+            "idle": idle_probe(url, schema, args.work, rounds=10 if quick else 40),
+            **locks,
+        }
+
+    def markdown(
+        self, results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]
+    ) -> str:
+        return markdown(results, args, info, self.server)
+
+    def sane(self, results: dict[str, Any]) -> bool:
+        return no_overlaps(results)
+
+
+def _drop_schema(url: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(PostgresBench()))

@@ -25,47 +25,46 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
 import importlib.util
 import math
 import os
 import secrets
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import (
+from turnstile_bench import (
     Contender,
     HandoverResult,
     LockAdapter,
+    LockBench,
+    Sizes,
     TurnstileLock,
     UncontendedResult,
-    WebhookResult,
-    WebhookScenario,
+    command_line,
     fmt,
     handover_table,
-    machine_info,
     machine_lines,
+    main,
     markdown_table,
-    run_handover,
-    run_uncontended,
-    run_webhooks,
-    to_json,
+    no_overlaps,
     uncontended_table,
     webhook_table,
 )
+from turnstile_bench.adapters import (
+    CommandCounter,
+    PgAdvisoryLock,
+    PortalockerRedisLock,
+    PotteryRedlock,
+    PythonRedisLock,
+    RedisPyLock,
+    SherlockLock,
+)
+from turnstile_bench.servers import delete_redis_keys, own_redis, scratch_folder
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "redis.md"
-SKIP_EXIT = 77
 TURNSTILE = "turnstile redis"
 BARE = "turnstile redis, no renewer"
 REDIS_PY = "redis-py Lock"
@@ -73,217 +72,9 @@ PRL = "python-redis-lock"
 PG = "pg_advisory_lock"
 WAITERS_FULL = (2, 8, 32)
 WAITERS_QUICK = (2,)
-TTL = 30.0
 
 
-# --------------------------------------------------------------------------------------------
-# adapters (built in each worker process)
-# --------------------------------------------------------------------------------------------
-class RedisPyLock(LockAdapter):
-    """redis-py's ``Lock``: SET NX PX, and while blocked it sleeps ``sleep`` (0.1 s, the
-    default) between attempts."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        import redis
-
-        self.redis, self.prefix = redis.Redis.from_url(url), prefix
-
-    def acquire(self, name: str) -> None:
-        self.lock = self.redis.lock(self.prefix + name, timeout=TTL)
-        self.lock.acquire(blocking=True)
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.redis.close()
-
-
-class PythonRedisLock(LockAdapter):
-    """python-redis-lock: SET NX, and a waiter BLPOPs a signal list the releaser pushes to."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        import redis
-        import redis_lock
-
-        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, redis_lock
-
-    def acquire(self, name: str) -> None:
-        self.lock = self.mod.Lock(self.redis, self.prefix + name, expire=int(TTL))
-        self.lock.acquire(blocking=True)
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.redis.close()
-
-
-class PotteryRedlock(LockAdapter):
-    """pottery's ``Redlock`` on one master: SET NX PX, polling with a random sleep."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        import redis
-        from pottery import Redlock
-
-        self.redis, self.prefix, self.cls = redis.Redis.from_url(url), prefix, Redlock
-
-    def acquire(self, name: str) -> None:
-        self.lock = self.cls(
-            key=self.prefix + name, masters={self.redis}, auto_release_time=TTL
-        )
-        self.lock.acquire(blocking=True, timeout=-1)
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.redis.close()
-
-
-class SherlockLock(LockAdapter):
-    """sherlock's ``RedisLock``: SET NX, retried every ``retry_interval`` (0.1 s default)."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        import redis
-        import sherlock
-
-        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, sherlock
-
-    def acquire(self, name: str) -> None:
-        self.lock = self.mod.RedisLock(
-            self.prefix + name, client=self.redis, expire=int(TTL), timeout=600
-        )
-        if not self.lock.acquire(blocking=True):
-            raise TimeoutError(f"sherlock did not acquire {name!r}")
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.redis.close()
-
-
-class PortalockerRedisLock(LockAdapter):
-    """portalocker's ``RedisLock``: held while its pub/sub subscription lives; a waiter
-    re-counts the channel's subscribers every ``check_interval``."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        import portalocker
-        import redis
-
-        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, portalocker
-
-    def acquire(self, name: str) -> None:
-        self.lock = self.mod.RedisLock(self.prefix + name, connection=self.redis, timeout=600)
-        self.lock.acquire()
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.redis.close()
-
-
-class PgAdvisoryLock(LockAdapter):
-    """``pg_advisory_lock(key)`` on a session: PostgreSQL queues waiters and wakes the next
-    one itself. No lease: a lock is held while the connection lives."""
-
-    def __init__(self, url: str) -> None:
-        import psycopg
-
-        self.conn = psycopg.connect(url, autocommit=True)
-        self.key = 0
-
-    def acquire(self, name: str) -> None:
-        digest = hashlib.sha256(name.encode()).digest()
-        self.key = int.from_bytes(digest[:8], "big", signed=True)
-        self.conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
-
-    def release(self) -> None:
-        self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-# --------------------------------------------------------------------------------------------
-# servers
-# --------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def own_redis(folder: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        print("redis-server is not on PATH (or pass --redis-url)", file=sys.stderr)
-        sys.exit(SKIP_EXIT)
-    import redis
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(folder),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--logfile",
-            str(folder / "redis.log"),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as r:
-                    r.ping()
-                    break
-            except redis.exceptions.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-class CommandCounter:
-    """Reads ``INFO commandstats`` in the parent: every command the server ran, including
-    those run inside scripts, plus the client-sent EVALSHA and BLPOP calls."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __call__(self) -> Mapping[str, float]:
-        import redis
-
-        with contextlib.closing(redis.Redis.from_url(self.url)) as r:
-            stats = r.info("commandstats")
-        calls = {k.removeprefix("cmdstat_"): float(v["calls"]) for k, v in stats.items()}
-        calls.pop("info", None)  # our own reads
-        return {
-            "Redis commands": sum(calls.values()),
-            "EVALSHA": calls.get("evalsha", 0.0),
-            "BLPOP": calls.get("blpop", 0.0),
-        }
-
-
+# -- servers and contenders ----------------------------------------------------------------------
 def postgres_url(args: argparse.Namespace) -> str | None:
     url = (
         args.postgres_url
@@ -301,9 +92,6 @@ def postgres_url(args: argparse.Namespace) -> str | None:
         return None
 
 
-# --------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------
 PEERS: list[tuple[str, type[LockAdapter], str, str]] = [
     (REDIS_PY, RedisPyLock, "redis", "`redis.lock(name, timeout=30)`, default 0.1 s sleep-poll"),
     (PRL, PythonRedisLock, "redis_lock", "`redis_lock.Lock(r, name, expire=30)`: BLPOP signal"),
@@ -362,52 +150,7 @@ def contenders(
     return found, missing
 
 
-def run(args: argparse.Namespace, redis_url: str, prefix: str) -> dict[str, Any]:
-    quick = args.quick
-    main, missing = contenders(redis_url, prefix, postgres_url(args), not args.redis_url)
-    print("uncontended acquire + release", file=sys.stderr)
-    uncontended = run_uncontended(
-        main,
-        iterations=100 if quick else 2000,
-        max_seconds=0.5 if quick else 3.0,
-        trials=1 if quick else 5,
-    )
-    handover: list[HandoverResult] = []
-    for waiters in WAITERS_QUICK if quick else WAITERS_FULL:
-        print(f"handover, {waiters} waiters", file=sys.stderr)
-        processes = waiters + 1
-        handover += run_handover(
-            main,
-            processes=processes,
-            rounds=3 if quick else max(8, 240 // processes),
-            hold=0.002,
-            max_seconds=2.0 if quick else 20.0,
-        )
-    scenarios = [(WebhookScenario.parse(args.demo), args.demo_workers)]
-    if not quick:
-        scenarios.append(
-            (WebhookScenario.random(args.orders, args.per_order, seed=args.seed), args.workers)
-        )
-    webhooks: list[list[WebhookResult]] = []
-    for scenario, workers in scenarios:
-        print(f"webhooks: {scenario.name}", file=sys.stderr)
-        webhooks.append(
-            run_webhooks(
-                main, scenario, workers=workers, work=args.work, trials=1 if quick else args.trials
-            )
-        )
-    return {
-        "contenders": [{"label": c.label, "note": c.note} for c in main],
-        "missing": missing,
-        "uncontended": uncontended,
-        "handover": handover,
-        "webhooks": webhooks,
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# reporting
-# --------------------------------------------------------------------------------------------
+# -- reporting --------------------------------------------------------------------------------
 def _by_waiters(results: list[HandoverResult]) -> dict[int, dict[str, HandoverResult]]:
     out: dict[int, dict[str, HandoverResult]] = {}
     for r in results:
@@ -610,7 +353,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
 
 
 def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]) -> str:
-    command = "python benchmarks/bench_redis.py" + "".join(f" {a}" for a in sys.argv[1:])
+    command = command_line("bench_redis.py", args.argv)
     out = ["# Turnstile on Redis vs Redis lock libraries vs pg_advisory_lock", ""]
     out += machine_lines(info, command)
     out += [
@@ -697,84 +440,78 @@ def _server_versions(redis_url: str, pg_url: str | None) -> dict[str, str]:
     return out
 
 
-def _delete_prefix(redis_url: str, prefix: str) -> None:
-    import redis
-
-    with contextlib.closing(redis.Redis.from_url(redis_url)) as r:
-        for pattern in (f"{prefix}*", f"redlock:{prefix}*", f"lock:{prefix}*"):
-            for key in list(r.scan_iter(match=pattern, count=1000)):
-                r.delete(key)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (< 60 s), no file")
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
-    parser.add_argument(
-        "--output", type=Path, help=f"write the Markdown here (default for a full run: {RESULTS})"
+class RedisBench(LockBench):
+    name = "redis"
+    description = (__doc__ or "").split("\n")[0]
+    packages = (
+        "turnstile", "redis", "hiredis", "python-redis-lock", "pottery", "sherlock",
+        "portalocker", "psycopg",
     )
-    parser.add_argument("--tmpdir", help="where the benchmark's own redis-server keeps its files")
-    parser.add_argument("--redis-url", help="use this Redis instead of starting one")
-    parser.add_argument("--postgres-url", help="PostgreSQL for the pg_advisory_lock row")
-    parser.add_argument("--demo", default="RA1,RA2,RB1,RB2,RB3", help="the demo's webhooks")
-    parser.add_argument("--demo-workers", type=int, default=3)
-    parser.add_argument("--orders", type=int, default=20)
-    parser.add_argument("--per-order", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--work", type=float, default=0.02, help="seconds per webhook")
-    parser.add_argument("--trials", type=int, default=3, help="runs of each webhook scenario")
-    args = parser.parse_args(argv)
+    requires = (("redis", "pip install -e '.[redis,bench]'"),)
+    tmpdir_help = "where the benchmark's own redis-server keeps its files"
 
-    if importlib.util.find_spec("redis") is None:
-        print("redis-py is not installed: pip install -e '.[redis,bench]'", file=sys.stderr)
-        return SKIP_EXIT
-    packages = ["turnstile", "redis", "hiredis", "python-redis-lock", "pottery", "sherlock"]
-    info = machine_info([*packages, "portalocker", "psycopg"])
-    started = time.monotonic()
-    prefix = f"bench-{secrets.token_hex(4)}:"
-    with contextlib.ExitStack() as stack:
-        if args.redis_url:
-            redis_url = args.redis_url
-            stack.callback(_delete_prefix, redis_url, prefix)
-        else:
-            folder = Path(tempfile.mkdtemp(prefix="turnstile-bench-redis-", dir=args.tmpdir))
-            stack.callback(shutil.rmtree, folder, True)
-            redis_url = stack.enter_context(own_redis(folder))
-        info.update(_server_versions(redis_url, postgres_url(args)))
-        results = run(args, redis_url, prefix)
-    info["seconds"] = round(time.monotonic() - started, 1)
-    info["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    text = markdown(results, args, info)
-    text += (
-        f"\nThe whole run took {info['seconds']:.0f} s; load average at the end "
-        + " / ".join(str(x) for x in info["load_at_end"])
-        + " (the machine is shared: other work ran meanwhile).\n"
-    )
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-        print(f"wrote {output}", file=sys.stderr)
-    if args.json:
-        print(to_json({"machine": info, **results}))
-    else:
-        print(text)
-    return 0 if _sane(results) else 1
+    def options(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--redis-url", help="use this Redis instead of starting one")
+        parser.add_argument("--postgres-url", help="PostgreSQL for the pg_advisory_lock row")
+        super().options(parser)
 
+    @contextlib.contextmanager
+    def target(self, args: argparse.Namespace, info: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        prefix = f"bench-{secrets.token_hex(4)}:"
+        with contextlib.ExitStack() as stack:
+            if args.redis_url:
+                redis_url = args.redis_url
+                stack.callback(
+                    delete_redis_keys, redis_url, f"{prefix}*", f"redlock:{prefix}*",
+                    f"lock:{prefix}*",
+                )
+            else:
+                folder = stack.enter_context(
+                    scratch_folder(args.tmpdir, prefix="turnstile-bench-redis-")
+                )
+                redis_url = stack.enter_context(own_redis(folder))
+            info.update(_server_versions(redis_url, postgres_url(args)))
+            yield redis_url, prefix
 
-def _sane(results: dict[str, Any]) -> bool:
-    """Correctness, not speed: no Turnstile run may let two critical sections overlap (a
-    peer's overlaps are reported, not fatal: some have no queue or lease to keep them out)."""
-    bad = [
-        r
-        for r in [*results["handover"], *(r for g in results["webhooks"] for r in g)]
-        if r.overlaps and r.label.startswith("turnstile")
-    ]
-    if bad:
-        print("OVERLAPPING CRITICAL SECTIONS under Turnstile", file=sys.stderr)
-    return not bad
+    def run(self, args: argparse.Namespace, target: tuple[str, str]) -> dict[str, Any]:
+        redis_url, prefix = target
+        quick = args.quick
+        main, missing = contenders(redis_url, prefix, postgres_url(args), not args.redis_url)
+        sizes = Sizes(
+            iterations=100 if quick else 2000,
+            seconds=0.5 if quick else 3.0,
+            trials=1 if quick else 5,
+            waiters=WAITERS_QUICK if quick else WAITERS_FULL,
+            rounds=lambda processes: 3 if quick else max(8, 240 // processes),
+            handover_seconds=2.0 if quick else 20.0,
+            webhook_trials=(1,) if quick else (args.trials, args.trials),
+        )
+        return {
+            "contenders": [{"label": c.label, "note": c.note} for c in main],
+            "missing": missing,
+            **self.run_locks(args, main, sizes),
+        }
+
+    def markdown(
+        self, results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]
+    ) -> str:
+        return markdown(results, args, info)
+
+    def finish(self, info: dict[str, Any]) -> None:
+        info["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
+
+    def footer(self, info: dict[str, Any]) -> str:
+        return (
+            f"\nThe whole run took {info['seconds']:.0f} s; load average at the end "
+            + " / ".join(str(x) for x in info["load_at_end"])
+            + " (the machine is shared: other work ran meanwhile).\n"
+        )
+
+    def sane(self, results: dict[str, Any]) -> bool:
+        """No Turnstile run may let two critical sections overlap (a peer's overlaps are
+        reported, not fatal: some have no queue or lease to keep them out)."""
+        return no_overlaps(results, only="turnstile", rates=False)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(RedisBench()))

@@ -6,7 +6,7 @@
     python benchmarks/bench_sqlite.py --json     # results as JSON on stdout
 
 All contenders run in one run on the same machine, each scenario on real processes (see
-harness.py). Every lock's files live in a fresh temporary directory, removed afterwards.
+turnstile_bench/). Every lock's files live in a fresh temporary directory, removed afterwards.
 """
 
 from __future__ import annotations
@@ -14,42 +14,33 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
-import math
-import os
-import shutil
-import socket
 import sqlite3
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import (
+from turnstile_bench import (
     Contender,
     HandoverResult,
-    LockAdapter,
+    LockBench,
+    Sizes,
     TurnstileLock,
     UncontendedResult,
-    WebhookResult,
-    WebhookScenario,
+    command_line,
     fmt,
     handover_table,
-    machine_info,
     machine_lines,
-    run_handover,
-    run_uncontended,
-    run_webhooks,
-    to_json,
+    main,
+    no_overlaps,
     uncontended_table,
     webhook_table,
 )
+from turnstile_bench.adapters import FileLockAdapter, NaiveRowLock
+from turnstile_bench.servers import scratch_folder
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "sqlite.md"
 BASELINE = "filelock"
 TURNSTILE = "turnstile sqlite"
 BARE = "turnstile sqlite, no renewer"
@@ -57,97 +48,13 @@ PAGES_4K = "turnstile sqlite, 4 KiB pages"
 TARGET_HANDOVER_P50_MS = 2.0
 
 
-class FileLockAdapter(LockAdapter):
-    """`filelock.FileLock`, one lock file per name, default settings (it polls the file's
-    `flock` every 50 ms while blocked)."""
-
-    def __init__(self, folder: str) -> None:
-        from filelock import FileLock
-
-        self._folder = folder
-        self._cls = FileLock
-        self._locks: dict[str, Any] = {}
-        self._held: Any = None
-
-    def acquire(self, name: str) -> None:
-        lock = self._locks.get(name)
-        if lock is None:
-            digest = hashlib.sha256(name.encode()).hexdigest()[:32]
-            lock = self._locks[name] = self._cls(os.path.join(self._folder, digest + ".lock"))
-        lock.acquire()
-        self._held = lock
-
-    def release(self) -> None:
-        self._held.release()
-        self._held = None
-
-
-NAIVE_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS naive_locks ("
-    " name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL)"
-)
-
-
-class NaiveRowLock(LockAdapter):
-    """The SPEC's naive answer: a lock row in a database, checked inside a transaction and
-    polled once a second, 10-minute expiry, 30-second acquire timeout. Here in SQLite (WAL),
-    so it shares the file format and machine with Turnstile's backend."""
-
-    def __init__(
-        self, path: str, poll: float = 1.0, expiry: float = 600.0, timeout: float = 30.0
-    ) -> None:
-        self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        self._poll, self._expiry, self._timeout = poll, expiry, timeout
-        self._owner = f"{socket.gethostname()}/{os.getpid()}"
-        self._name: str | None = None
-
-    def acquire(self, name: str) -> None:
-        deadline = time.monotonic() + self._timeout
-        while True:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._conn.execute(
-                    "SELECT expires_at FROM naive_locks WHERE name = ?", (name,)
-                ).fetchone()
-                now = time.time()
-                free = row is None or row[0] <= now
-                if free:
-                    self._conn.execute(
-                        "INSERT OR REPLACE INTO naive_locks (name, owner, expires_at)"
-                        " VALUES (?, ?, ?)",
-                        (name, self._owner, now + self._expiry),
-                    )
-                self._conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("ROLLBACK")
-                raise
-            if free:
-                self._name = name
-                return
-            if time.monotonic() + self._poll > deadline:
-                raise TimeoutError(f"lock row {name!r} not acquired within {self._timeout} s")
-            time.sleep(self._poll)
-
-    def release(self) -> None:
-        self._conn.execute(
-            "DELETE FROM naive_locks WHERE name = ? AND owner = ?", (self._name, self._owner)
-        )
-        self._name = None
-
-    def close(self) -> None:
-        self._conn.close()
-
-
 def contenders(folder: Path) -> list[Contender]:
     locks = folder / "filelocks"
     locks.mkdir()
-    naive = folder / "naive.db"
-    with contextlib.closing(sqlite3.connect(naive)) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(NAIVE_SCHEMA)
+    naive = str(folder / "naive.db")
+    NaiveRowLock.create_table(naive)
     url = f"sqlite:///{folder / 'turnstile.db'}"
-    main = [
+    return [
         Contender(
             TURNSTILE,
             functools.partial(TurnstileLock, url),
@@ -161,11 +68,10 @@ def contenders(folder: Path) -> list[Contender]:
         Contender(BASELINE, functools.partial(FileLockAdapter, str(locks)), "`FileLock`"),
         Contender(
             "naive row (1 s poll)",
-            functools.partial(NaiveRowLock, str(naive)),
+            functools.partial(NaiveRowLock, naive),
             "row per lock, checked in a transaction, polled once a second",
         ),
     ]
-    return main
 
 
 def default_pages(folder: Path) -> Contender:
@@ -183,48 +89,42 @@ def default_pages(folder: Path) -> Contender:
     )
 
 
-def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    main = contenders(folder)
-    quick = args.quick
-    print("uncontended acquire + release", file=sys.stderr)
-    pages = default_pages(folder)
-    uncontended = run_uncontended(
-        [*main[:2], pages, *main[2:]],
-        iterations=200 if quick else 2000,
-        max_seconds=0.5 if quick else 3.0,
-        trials=1 if quick else 5,
-    )
-    print("handover", file=sys.stderr)
-    handover = run_handover(
-        main,
-        processes=4,
-        rounds=4 if quick else 50,
-        hold=0.002,
-        max_seconds=2.5 if quick else 20.0,
-    )
-    scenarios = [(WebhookScenario.parse(args.demo), args.demo_workers)]
-    if not quick:
-        scenarios.append(
-            (WebhookScenario.random(args.orders, args.per_order, seed=args.seed), args.workers)
+class SqliteBench(LockBench):
+    name = "sqlite"
+    description = (__doc__ or "").split("\n")[0]
+    packages = ("turnstile", "filelock")
+    tmpdir_help = "where to create the database and lock files"
+
+    def target(self, args: argparse.Namespace, info: dict[str, Any]) -> Any:
+        info["sqlite"] = sqlite3.sqlite_version
+        info["versions"]["SQLite"] = sqlite3.sqlite_version
+        return scratch_folder(args.tmpdir)
+
+    def run(self, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+        main = contenders(folder)
+        everyone = [*main[:2], default_pages(folder), *main[2:]]
+        quick = args.quick
+        sizes = Sizes(
+            iterations=200 if quick else 2000,
+            seconds=0.5 if quick else 3.0,
+            trials=1 if quick else 5,
+            waiters=(3,),
+            rounds=lambda _processes: 4 if quick else 50,
+            handover_seconds=2.5 if quick else 20.0,
+            webhook_trials=(1,) if quick else (args.trials, args.trials),
         )
-    webhooks: list[list[WebhookResult]] = []
-    for scenario, workers in scenarios:
-        print(f"webhooks: {scenario.name}", file=sys.stderr)
-        webhooks.append(
-            run_webhooks(
-                main,
-                scenario,
-                workers=workers,
-                work=args.work,
-                trials=1 if quick else args.trials,
-            )
-        )
-    return {
-        "contenders": [{"label": c.label, "note": c.note} for c in [*main[:2], pages, *main[2:]]],
-        "uncontended": uncontended,
-        "handover": handover,
-        "webhooks": webhooks,
-    }
+        return {
+            "contenders": [{"label": c.label, "note": c.note} for c in everyone],
+            **self.run_locks(args, main, sizes, uncontended=everyone),
+        }
+
+    def markdown(
+        self, results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]
+    ) -> str:
+        return markdown(results, args, info)
+
+    def sane(self, results: dict[str, Any]) -> bool:
+        return no_overlaps(results)
 
 
 def interpretation(results: dict[str, Any]) -> list[str]:
@@ -345,8 +245,9 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+
 def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]) -> str:
-    command = "python benchmarks/bench_sqlite.py" + "".join(f" {a}" for a in sys.argv[1:])
+    command = command_line("bench_sqlite.py", args.argv)
     out = ["# Turnstile SQLite backend vs filelock vs a naive polling lock row", ""]
     out += machine_lines(info, command)
     out += [
@@ -399,56 +300,5 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (< 60 s), no file")
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
-    parser.add_argument(
-        "--output", type=Path, help=f"write the Markdown here (default for a full run: {RESULTS})"
-    )
-    parser.add_argument("--tmpdir", help="where to create the database and lock files")
-    parser.add_argument("--demo", default="RA1,RA2,RB1,RB2,RB3", help="the demo's webhooks")
-    parser.add_argument("--demo-workers", type=int, default=3)
-    parser.add_argument("--orders", type=int, default=20)
-    parser.add_argument("--per-order", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--work", type=float, default=0.02, help="seconds per webhook")
-    parser.add_argument("--trials", type=int, default=3, help="runs of each webhook scenario")
-    args = parser.parse_args(argv)
-
-    info = machine_info(["turnstile", "filelock"])
-    info["sqlite"] = sqlite3.sqlite_version
-    info["versions"]["SQLite"] = sqlite3.sqlite_version
-    started = time.monotonic()
-    folder = Path(tempfile.mkdtemp(prefix="turnstile-bench-", dir=args.tmpdir))
-    try:
-        results = run(args, folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    info["seconds"] = round(time.monotonic() - started, 1)
-    text = markdown(results, args, info)
-    text += f"\nThe whole run took {info['seconds']:.0f} s.\n"
-    output = args.output if args.output is not None else (None if args.quick else RESULTS)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-        print(f"wrote {output}", file=sys.stderr)
-    if args.json:
-        print(to_json({"machine": info, **results}))
-    else:
-        print(text)
-    return 0 if _sane(results) else 1
-
-
-def _sane(results: dict[str, Any]) -> bool:
-    """Correctness, not speed: no lock may ever let two critical sections overlap."""
-    overlaps = [r.overlaps for r in results["handover"]]
-    overlaps += [r.overlaps for group in results["webhooks"] for r in group]
-    if any(overlaps):
-        print("OVERLAPPING CRITICAL SECTIONS: a lock is broken", file=sys.stderr)
-    return not any(overlaps) and not any(math.isnan(r.ops_per_s) for r in results["uncontended"])
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(SqliteBench()))

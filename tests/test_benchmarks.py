@@ -7,14 +7,12 @@ print its results; the harness's metrics are checked on hand-made intervals.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -22,18 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 SKIP_EXIT = 77  # a bench script's way of saying "my server is not configured here"
 
+# The scripts run with benchmarks/ on sys.path; so does this test, to import their package.
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
 
-def _load_harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("harness", BENCHMARKS / "harness.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("harness", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-h = _load_harness()
-
+import turnstile_bench as h  # noqa: E402
 
 # -- the scripts ----------------------------------------------------------------------------
 SCRIPTS = sorted(BENCHMARKS.glob("bench_*.py"))
@@ -207,3 +198,16 @@ def test_markdown_and_json() -> None:
         "v": None,
         "g": {"pid": 1, "wait_start": 0.0, "start": 1.0, "end": 2.0, "queued": None},
     }
+
+
+def test_the_webhooks_and_their_ideal_are_the_demos() -> None:
+    from turnstile import demo
+
+    scenario = h.WebhookScenario.random(3, 2, seed=4, spacing=0.01, work=0.5)
+    expected = demo.arrival_schedule([2, 2, 2], gap=0.01, work=0.5, arrival="shuffled", seed=4)
+    assert list(scenario.arrivals) == expected
+    assert h.ideal_makespan(scenario, 2) == demo.ideal_makespan(expected, 2).seconds
+    parsed = h.WebhookScenario.parse(h.scenarios.demo_notation())
+    assert [(w.id, w.order, w.seq) for w in parsed.arrivals] == [
+        (w.id, w.order, w.seq) for w in demo.arrival_schedule()
+    ]

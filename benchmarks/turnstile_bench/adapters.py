@@ -1,0 +1,617 @@
+"""Every lock and queue under test, each peer library once, plus the store counters.
+
+An adapter is built once in each worker process (by its contender's factory) and used
+sequentially; peer libraries are imported inside the constructors, so a module that is not
+installed only matters to the script that asks for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TTL = 30.0  # every Redis peer's lock expiry, so none of them expires mid-run
+
+
+# -- the interface -----------------------------------------------------------------------------
+class LockAdapter:
+    """One worker process's handle on one lock implementation.
+
+    Built once per worker process (by the contender's factory), then used sequentially: each
+    :meth:`acquire` (block until ``name`` is held) is followed by one :meth:`release`. A worker
+    holds at most one lock at a time, so an adapter may keep the held lock in an attribute.
+
+    ``queued_at``: after an :meth:`acquire` that had to wait, the monotonic time at which the
+    lock *confirmed* that the request was in line (NaN if it was granted at once, or if the
+    lock never says so, like a blocking ``pg_advisory_lock`` or ``redis.lock.Lock``). It makes
+    the certain FIFO check possible (:func:`metrics.certain_fifo_violations`).
+    """
+
+    queued_at: float = math.nan
+
+    def acquire(self, name: str) -> None:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called once when the worker is done (close connections)."""
+
+
+Probe = Callable[[], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A lock implementation under test.
+
+    ``factory`` runs in every worker process and must be picklable. ``probe`` (optional) runs
+    in the parent and returns counters of the store (e.g. Redis commands processed,
+    PostgreSQL transactions committed); it is read right before the workers start and right
+    after they finish, and the differences are reported per grant.
+    """
+
+    label: str
+    factory: Callable[[], LockAdapter]
+    note: str = ""
+    probe: Probe | None = None
+
+
+class TurnstileLock(LockAdapter):
+    """Turnstile's lock on any URL, used the way the SPEC shows it: ``with lock.acquire():``
+    (the lease auto-renews in the background while held). ``renew=False`` uses a bare
+    ``acquire()`` / ``release()`` without the renewing context manager."""
+
+    def __init__(self, url: str, ttl: float = 30.0, renew: bool = True) -> None:
+        import logging
+
+        import turnstile
+
+        self._client = turnstile.connect(url)
+        self._ttl = ttl
+        self._renew = renew
+        self._lease: Any = None
+        # Turnstile logs (at DEBUG, with the position as an extra field) the moment the store
+        # answered that a blocking acquire is in line: that is our queued_at.
+        adapter = self
+
+        class Queued(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if getattr(record, "turnstile_position", None) is not None:
+                    adapter.queued_at = time.monotonic()
+
+        log = logging.getLogger("turnstile.lock.acquire")
+        log.addHandler(Queued(logging.DEBUG))
+        log.setLevel(logging.DEBUG)
+        log.propagate = False
+
+    def acquire(self, name: str) -> None:
+        self.queued_at = math.nan
+        lease = self._client.lock(name, ttl=self._ttl).acquire()
+        if self._renew:
+            lease.__enter__()
+        self._lease = lease
+
+    def release(self) -> None:
+        lease, self._lease = self._lease, None
+        if self._renew:
+            lease.__exit__(None, None, None)
+        else:
+            lease.release()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+# -- files -------------------------------------------------------------------------------------
+class FileLockAdapter(LockAdapter):
+    """`filelock.FileLock`, one lock file per name, default settings (it polls the file's
+    `flock` every 50 ms while blocked)."""
+
+    def __init__(self, folder: str) -> None:
+        from filelock import FileLock
+
+        self._folder = folder
+        self._cls = FileLock
+        self._locks: dict[str, Any] = {}
+        self._held: Any = None
+
+    def acquire(self, name: str) -> None:
+        lock = self._locks.get(name)
+        if lock is None:
+            digest = hashlib.sha256(name.encode()).hexdigest()[:32]
+            lock = self._locks[name] = self._cls(os.path.join(self._folder, digest + ".lock"))
+        lock.acquire()
+        self._held = lock
+
+    def release(self) -> None:
+        self._held.release()
+        self._held = None
+
+
+# -- the naive lock row (SQLite or PostgreSQL) -------------------------------------------------
+def _is_postgres(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+class NaiveRowLock(LockAdapter):
+    """The SPEC's naive answer: a lock row per name, taken when free or expired, retried every
+    ``poll`` seconds while taken, 10-minute expiry, 30-second acquire timeout.
+
+    ``target`` is a SQLite file (WAL; the row is read and written in one ``BEGIN IMMEDIATE``
+    transaction, so it shares the file format and machine with Turnstile's backend) or a
+    PostgreSQL URL (the table lives in ``schema``; one ``INSERT ... ON CONFLICT DO UPDATE ...
+    WHERE expired`` per attempt). :meth:`create_table` makes the table first.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        schema: str | None = None,
+        poll: float = 1.0,
+        expiry: float = 600.0,
+        timeout: float = 30.0,
+    ) -> None:
+        self._pg = _is_postgres(target)
+        if self._pg:
+            import psycopg
+
+            self._conn: Any = psycopg.connect(target, autocommit=True)
+            self._table = f'"{schema}".naive_locks'
+        else:
+            self._conn = sqlite3.connect(target, timeout=30.0, isolation_level=None)
+            self._table = "naive_locks"
+        self._poll, self._expiry, self._timeout = poll, expiry, timeout
+        self._owner = f"{socket.gethostname()}/{os.getpid()}"
+        self._name: str | None = None
+
+    @staticmethod
+    def create_table(target: str, schema: str | None = None) -> None:
+        """The lock table (on PostgreSQL in ``schema``, which must exist)."""
+        if _is_postgres(target):
+            import psycopg
+
+            with psycopg.connect(target, autocommit=True) as conn:
+                conn.execute(
+                    f'CREATE TABLE "{schema}".naive_locks ('
+                    " name text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL)"
+                )
+            return
+        with contextlib.closing(sqlite3.connect(target)) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS naive_locks ("
+                " name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL)"
+            )
+
+    def acquire(self, name: str) -> None:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            if self._try(name):
+                self._name = name
+                return
+            if time.monotonic() + self._poll > deadline:
+                raise TimeoutError(f"lock row {name!r} not acquired within {self._timeout} s")
+            time.sleep(self._poll)
+
+    def _try(self, name: str) -> bool:
+        """One attempt: take the row if it is free or expired."""
+        if self._pg:
+            row = self._conn.execute(
+                f"INSERT INTO {self._table} (name, owner, expires_at)"
+                " VALUES (%s, %s, now() + %s * interval '1 second')"
+                " ON CONFLICT (name) DO UPDATE"
+                " SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+                f" WHERE {self._table}.expires_at <= now()"
+                " RETURNING owner",
+                (name, self._owner, self._expiry),
+            ).fetchone()
+            return row is not None
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            found = self._conn.execute(
+                "SELECT expires_at FROM naive_locks WHERE name = ?", (name,)
+            ).fetchone()
+            now = time.time()
+            free = found is None or found[0] <= now
+            if free:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO naive_locks (name, owner, expires_at) VALUES (?, ?, ?)",
+                    (name, self._owner, now + self._expiry),
+                )
+            self._conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+            raise
+        return free
+
+    def release(self) -> None:
+        mark = "%s" if self._pg else "?"
+        self._conn.execute(
+            f"DELETE FROM {self._table} WHERE name = {mark} AND owner = {mark}",
+            (self._name, self._owner),
+        )
+        self._name = None
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class NotifyRowLock(NaiveRowLock):
+    """The hand-rolled *push* lock on PostgreSQL: the naive row, but a waiter sleeps on LISTEN
+    instead of a poll, and release deletes the row and NOTIFYs in one statement. Every waiter on
+    the name wakes and they race (no line, so no FIFO); no lease renewal, no fencing token. One
+    durable statement per hand-over plus a LISTEN wake-up: about the least any durable lock
+    with push wake-ups can do, which makes it the floor to read Turnstile against."""
+
+    def __init__(self, url: str, schema: str, expiry: float = 600.0, timeout: float = 30.0) -> None:
+        import psycopg
+
+        super().__init__(url, schema, poll=1.0, expiry=expiry, timeout=timeout)
+        self._listen = psycopg.connect(url, autocommit=True)
+        self._heard: set[str] = set()
+
+    @staticmethod
+    def _channel(name: str) -> str:
+        return "naive_" + hashlib.sha256(name.encode()).hexdigest()[:24]
+
+    def acquire(self, name: str) -> None:
+        channel = self._channel(name)
+        if channel not in self._heard:  # listen before the first try: no release slips by
+            self._listen.execute(f'LISTEN "{channel}"')
+            self._heard.add(channel)
+        deadline = time.monotonic() + self._timeout
+        while True:
+            if self._try(name):
+                self._name = name
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"lock row {name!r} not acquired within {self._timeout} s")
+            # Woken by a release on this name (or another we listen to: then just try again).
+            for _ in self._listen.notifies(timeout=1.0, stop_after=1):
+                pass
+
+    def release(self) -> None:
+        assert self._name is not None
+        self._conn.execute(
+            f"WITH gone AS (DELETE FROM {self._table} WHERE name = %s AND owner = %s"
+            " RETURNING name) SELECT pg_notify(%s, '') FROM gone",
+            (self._name, self._owner, self._channel(self._name)),
+        )
+        self._name = None
+
+    def close(self) -> None:
+        self._listen.close()
+        super().close()
+
+
+# -- PostgreSQL's own lock ---------------------------------------------------------------------
+class PgAdvisoryLock(LockAdapter):
+    """``pg_advisory_lock(key)`` on a session of the worker's own: PostgreSQL queues waiters
+    and wakes the next one itself (fast and fair among sessions, but it dies with the
+    connection, has no lease and no fencing token, and breaks behind a transaction pooler).
+
+    The key is the first 8 bytes of the name's SHA-256, computed here: hashing in the server
+    (``hashtextextended``) would add a round trip to every acquire that is not the lock's cost.
+    """
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.key = 0
+
+    def acquire(self, name: str) -> None:
+        digest = hashlib.sha256(name.encode()).digest()
+        self.key = int.from_bytes(digest[:8], "big", signed=True)
+        self.conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
+
+    def release(self) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# -- Redis lock libraries ----------------------------------------------------------------------
+class RedisPyLock(LockAdapter):
+    """redis-py's ``Lock``: SET NX PX, and while blocked it sleeps ``sleep`` (0.1 s, the
+    default) between attempts."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+
+        self.redis, self.prefix = redis.Redis.from_url(url), prefix
+
+    def acquire(self, name: str) -> None:
+        self.lock = self.redis.lock(self.prefix + name, timeout=TTL)
+        self.lock.acquire(blocking=True)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class PythonRedisLock(LockAdapter):
+    """python-redis-lock: SET NX, and a waiter BLPOPs a signal list the releaser pushes to."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+        import redis_lock
+
+        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, redis_lock
+
+    def acquire(self, name: str) -> None:
+        self.lock = self.mod.Lock(self.redis, self.prefix + name, expire=int(TTL))
+        self.lock.acquire(blocking=True)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class PotteryRedlock(LockAdapter):
+    """pottery's ``Redlock`` on one master: SET NX PX, polling with a random sleep."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+        from pottery import Redlock
+
+        self.redis, self.prefix, self.cls = redis.Redis.from_url(url), prefix, Redlock
+
+    def acquire(self, name: str) -> None:
+        self.lock = self.cls(key=self.prefix + name, masters={self.redis}, auto_release_time=TTL)
+        self.lock.acquire(blocking=True, timeout=-1)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class SherlockLock(LockAdapter):
+    """sherlock's ``RedisLock``: SET NX, retried every ``retry_interval`` (0.1 s default)."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+        import sherlock
+
+        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, sherlock
+
+    def acquire(self, name: str) -> None:
+        self.lock = self.mod.RedisLock(
+            self.prefix + name, client=self.redis, expire=int(TTL), timeout=600
+        )
+        if not self.lock.acquire(blocking=True):
+            raise TimeoutError(f"sherlock did not acquire {name!r}")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class PortalockerRedisLock(LockAdapter):
+    """portalocker's ``RedisLock``: held while its pub/sub subscription lives; a waiter
+    re-counts the channel's subscribers every ``check_interval``."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import portalocker
+        import redis
+
+        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, portalocker
+
+    def acquire(self, name: str) -> None:
+        self.lock = self.mod.RedisLock(self.prefix + name, connection=self.redis, timeout=600)
+        self.lock.acquire()
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+# -- queues ------------------------------------------------------------------------------------
+class QueueAdapter(LockAdapter):
+    """One worker process's handle on a queue. The workers' start line calls :meth:`acquire`
+    and :meth:`release` once on a private name before timing begins: a queue uses them only
+    to warm up (open connections)."""
+
+    def release(self) -> None:
+        return None
+
+    def put(self, payload: Any, key: str | None = None) -> None:
+        raise NotImplementedError
+
+    def take(self, timeout: float) -> tuple[Any, Any] | None:
+        """The next message's payload and a handle for :meth:`done`; ``None`` after
+        ``timeout`` seconds without one."""
+        raise NotImplementedError
+
+    def done(self, handle: Any) -> None:
+        return None
+
+
+class TurnstileQueue(QueueAdapter):
+    """A Turnstile client and queue."""
+
+    def __init__(self, url: str, name: str, visibility_timeout: float = 30.0) -> None:
+        import turnstile
+
+        self.client = turnstile.connect(url)
+        self.q = self.client.queue(name, visibility_timeout=visibility_timeout, max_attempts=5)
+        self.url = url
+
+    def acquire(self, name: str) -> None:
+        warm = self.client.queue(name)
+        warm.put(0)
+        m = warm.get(timeout=5)
+        if m is not None:
+            m.ack()
+
+    def put(self, payload: Any, key: str | None = None) -> None:
+        self.q.put(payload, key=key)
+
+    def take(self, timeout: float) -> tuple[Any, Any] | None:
+        m = self.q.get(timeout=timeout)
+        return None if m is None else (m.payload, m)
+
+    def done(self, handle: Any) -> None:
+        handle.ack()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class SkipLockedQueue(QueueAdapter):
+    """The usual PostgreSQL table queue: ``DELETE ... WHERE id = (SELECT ... FOR UPDATE SKIP
+    LOCKED LIMIT 1) RETURNING``, consumers woken by LISTEN/NOTIFY (NOTIFY per insert), in a
+    schema of its own (a ``jobs`` table: :func:`servers.postgres_schema` makes it). No keys,
+    no visibility timeout (a consumer's crash loses its message unless it keeps a transaction
+    open), no cap. A message is deleted when taken, so :meth:`done` has nothing to do."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.schema = schema
+        self.channel = f"q_{schema}"
+        self.listen: Any = None
+
+    def acquire(self, name: str) -> None:
+        self.conn.execute("SELECT 1")
+
+    def put(self, payload: Any, key: str | None = None) -> None:
+        self.conn.execute(
+            f"WITH i AS (INSERT INTO {self.schema}.jobs (payload) VALUES (%s))"
+            f" SELECT pg_notify('{self.channel}', '')",
+            (json.dumps(payload),),
+        )
+
+    def _claim(self) -> Any:
+        return self.conn.execute(
+            f"DELETE FROM {self.schema}.jobs WHERE id = (SELECT id FROM {self.schema}.jobs"
+            " ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING payload"
+        ).fetchone()
+
+    def take(self, timeout: float) -> tuple[Any, Any] | None:
+        import psycopg
+
+        if self.listen is None:
+            self.listen = psycopg.connect(self.conn.info.dsn, autocommit=True)
+            self.listen.execute(f"LISTEN {self.channel}")
+        end = time.monotonic() + timeout
+        while True:
+            row = self._claim()
+            if row is not None:
+                return row[0], None
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            for _ in self.listen.notifies(timeout=min(left, 1.0), stop_after=1):
+                break
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.listen is not None:
+            self.listen.close()
+
+
+class RQQueue(QueueAdapter):
+    """RQ (``rq.SimpleWorker``: no fork per job) on the same Redis: enqueue a job; a consumer
+    dequeues (BLPOP) and executes it with RQ's bookkeeping (job status, registries). The job
+    is :func:`rq_jobs.record`, which hands the payload back to the consumer."""
+
+    def __init__(self, url: str, name: str) -> None:
+        import redis
+        import rq
+
+        self.redis = redis.Redis.from_url(url)
+        self.queue = rq.Queue(name, connection=self.redis)
+        self.worker: Any = None
+
+    def acquire(self, name: str) -> None:
+        self.redis.ping()
+
+    def put(self, payload: Any, key: str | None = None) -> None:
+        self.queue.enqueue("turnstile_bench.rq_jobs.record", payload, result_ttl=0)
+
+    def take(self, timeout: float) -> tuple[Any, Any] | None:
+        from rq.worker import SimpleWorker
+
+        from . import rq_jobs
+
+        if self.worker is None:
+            self.worker = SimpleWorker([self.queue], connection=self.redis)
+        got = self.worker.dequeue_job_and_maintain_ttl(max(1, math.ceil(timeout)))
+        if got is None:
+            return None
+        job, queue = got
+        rq_jobs.LAST.clear()
+        self.worker.execute_job(job, queue)  # runs rq_jobs.record(payload)
+        return rq_jobs.LAST[0], None
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+# -- store counters (probes, read in the parent) -----------------------------------------------
+class CommandCounter:
+    """Reads ``INFO commandstats`` in the parent: every command the server ran, including
+    those run inside scripts, plus the client-sent EVALSHA and BLPOP calls."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __call__(self) -> Mapping[str, float]:
+        import redis
+
+        with contextlib.closing(redis.Redis.from_url(self.url)) as r:
+            stats = r.info("commandstats")
+        calls = {k.removeprefix("cmdstat_"): float(v["calls"]) for k, v in stats.items()}
+        calls.pop("info", None)  # our own reads
+        return {
+            "Redis commands": sum(calls.values()),
+            "EVALSHA": calls.get("evalsha", 0.0),
+            "BLPOP": calls.get("blpop", 0.0),
+        }
+
+
+class TransactionCounter:
+    """Probe: writing transactions, counted exactly by the transaction ids the server
+    assigned (``txid_current()`` before and after, minus the probe's own). Every Turnstile
+    operation and every naive-row attempt writes (a row lock or a row), so for them this is
+    every transaction; pg_advisory_lock writes nothing and shows 0.
+    (``pg_stat_database.xact_commit`` would count read-only ones too, but an idle backend
+    reports its statistics up to seconds late, so it undercounts short runs.)"""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.calls = 0
+
+    def __call__(self) -> dict[str, float]:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            xid = conn.execute("SELECT txid_current()").fetchone()[0]  # type: ignore[index]
+        # Each reading assigns one id itself; subtract the earlier readings' ids.
+        self.calls += 1
+        return {"transactions": float(xid - self.calls)}
