@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,78 +24,54 @@ class Unavailable(RuntimeError):
     """The server a script needs cannot be had here (the script exits with status 77)."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # -- throwaway servers -------------------------------------------------------------------------
+# Both come from the project's one stdlib-only starter (scripts/servers.py), which scripts/dev.py
+# and the test suite use too.
+def _starter() -> Any:
+    if str(REPO) not in sys.path:
+        sys.path.insert(1, str(REPO))
+    from scripts import servers
+
+    return servers
+
+
 @contextlib.contextmanager
 def own_redis(folder: Path) -> Iterator[str]:
-    """A ``redis-server`` (from PATH) of the benchmark's own on a free port, files in
-    ``folder``, no persistence; stopped afterwards. Yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise Unavailable("redis-server is not on PATH (or pass --redis-url)")
-    import redis
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(folder),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--logfile",
-            str(folder / "redis.log"),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    """A ``redis-server`` of the benchmark's own on a free port, files in ``folder``, no
+    persistence; stopped afterwards. Yields its URL."""
+    starter = _starter()
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as r:
-                    r.ping()
-                    break
-            except redis.exceptions.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        binary = starter.redis_binary()
+    except starter.Unavailable as exc:
+        raise Unavailable(f"{exc} (or pass --redis-url)") from exc
+    with starter.redis_server(
+        "--save", "", "--appendonly", "no", folder=folder, binary=binary
+    ) as server:
+        yield str(server.url)
 
 
 @contextlib.contextmanager
 def throwaway_postgres() -> Iterator[str]:
     """A PostgreSQL cluster of the benchmark's own (initdb in a temporary directory, a free
-    port; the fault tests' helper), removed afterwards. Yields its URL."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(1, str(REPO))
-    from tests.stores.postgres._cluster import Cluster
-    from tests.stores.postgres._cluster import Unavailable as NoCluster
-
+    port, durable commits as a production server has them), removed afterwards. Yields its
+    URL."""
+    starter = _starter()
     try:
-        cluster = Cluster()
-    except NoCluster as exc:
+        server = starter.PostgresServer(
+            {
+                "max_connections": 200,
+                "shared_buffers": "32MB",
+                "fsync": "on",
+                "synchronous_commit": "on",
+            }
+        )
+    except starter.Unavailable as exc:
         raise Unavailable(f"no --url and cannot start PostgreSQL: {exc}") from exc
     try:
-        yield cluster.url
+        server.start()
+        yield str(server.url)
     finally:
-        cluster.close()
+        server.close()
 
 
 # -- a namespace of the run's own --------------------------------------------------------------
