@@ -131,9 +131,15 @@ def migrate_lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def wake_key(name: str, holder: str) -> str:
-    """Must equal the SQL function ``wake_key`` of the migrations."""
-    data = name.encode("utf-8") + b"\0" + holder.encode("utf-8")
+def wake_key(name: str, waiter: str, *, queue: bool = False) -> str:
+    """The NOTIFY payload (its first word) that names one waiter: of a lock (``waiter`` is
+    the holder) or, with ``queue``, a blocked consumer of a queue (``waiter`` is its id).
+    Must equal the SQL functions ``wake_key`` and ``queue_wake_key`` of ``schema.sql``
+    (``tests/stores/postgres/test_schema.py`` checks both). A queue's key starts with
+    NUL "queue" NUL, and lock names never start with NUL, so the two never collide."""
+    data = name.encode("utf-8") + b"\0" + waiter.encode("utf-8")
+    if queue:
+        data = b"\0queue\0" + data
     return hashlib.sha256(data).hexdigest()[:32]
 
 
