@@ -1,10 +1,20 @@
 """Store-side parts of the PostgreSQL backend shared by the sync and async flavours: the URL,
-the named queries and migrations (``stores/postgres/``), the wake-up key, and how psycopg's
-exceptions become Turnstile's.
+the SQL files, the wake-up key, and how psycopg's exceptions become Turnstile's.
 
-The state machine itself lives in the database, as the functions of
-``stores/postgres/migrations/`` (one call = one transaction = one round trip),
-following :mod:`turnstile._core.lock_machine` step for step.
+Every line of SQL lives in a ``.sql`` file beside this module:
+
+- ``schema.sql``: the schema as it is now (tables, indexes, the current version of every
+  function), to read. The state machine lives there, as functions (one call = one
+  transaction = one round trip) following :mod:`turnstile._core.lock_machine` and
+  :mod:`turnstile._core.queue_machine` step for step.
+- ``queries.sql``: every statement the backends send, by name (locks, queues, migrating).
+- ``migrations/``: how a schema gets to the current version, never edited once released
+  (deployed databases have applied them).
+
+A new schema is made by running the migrations in order, exactly as an old one is brought
+up to date, so there is one way a schema comes to be; ``schema.sql`` is not run by the
+backends, and ``tests/stores/postgres/test_schema_file.py`` checks that it makes the same
+schema as the migrations do (catalog and function text).
 """
 
 from __future__ import annotations
