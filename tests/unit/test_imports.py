@@ -91,7 +91,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                return path[path.index(target) :] + [target]
+                return [*path[path.index(target) :], target]
             if target not in state:
                 found = visit(target)
                 if found is not None:
