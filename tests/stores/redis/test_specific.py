@@ -97,6 +97,24 @@ def test_scripts_are_loaded_once(server: RedisProcess) -> None:
         client.close()
 
 
+def test_queue_scripts_take_the_same_evalsha_path(server: RedisProcess) -> None:
+    client = turnstile.connect(server.url + "?prefix=tt-qscripts:")
+    try:
+        q = client.queue("jobs")
+        q.put({"n": 1})
+        loaded = server.commandstats()["script|load"]
+        with server.admin() as admin:
+            admin.script_flush()  # as after a restart or failover
+        q.put({"n": 2})  # NOSCRIPT: loaded again, then run
+        q.put({"n": 3})
+        stats = server.commandstats()
+        assert stats["script|load"] == loaded + 1  # once per flush, not per call
+        assert [q.get(timeout=1) is not None for _ in range(3)] == [True] * 3
+        assert "eval" not in server.commandstats()  # the source is never sent with a call
+    finally:
+        client.close()
+
+
 def test_keys_live_under_the_prefix_expire_and_share_one_slot_per_name(
     server: RedisProcess,
 ) -> None:
