@@ -192,10 +192,7 @@ async def _migrate(conn: AsyncConnection[Any], config: pg.PostgresConfig) -> Non
             )
     async with conn.transaction():
         await conn.execute(q("migrate_lock"), {"key": pg.migrate_lock_key(config.schema)})
-        cursor = await conn.execute(
-            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s",
-            {"schema": config.schema},
-        )
+        cursor = await conn.execute(q("schema_exists"), {"schema": config.schema})
         if await cursor.fetchone() is None:
             await conn.execute(q("create_schema"))
         await conn.execute(q("create_version_table"))

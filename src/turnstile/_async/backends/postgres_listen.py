@@ -107,10 +107,7 @@ class AsyncListener:
 
     async def _run(self) -> None:
         delay = RECONNECT_MIN
-        listens = [
-            f"LISTEN {pg.quote_ident(self.channel)}",
-            f"LISTEN {pg.quote_ident(self._config.channel)}",
-        ]
+        listens = [pg.listen(self.channel), pg.listen(self._config.channel)]
         complained = False
         while not self._stop.is_set():
             conn: AsyncConnection[Any] | None = None
@@ -135,7 +132,7 @@ class AsyncListener:
                         self._dispatch(notify.payload)
                         quiet_since = time.monotonic()
                     if time.monotonic() - quiet_since > LISTEN_PING:
-                        await conn.execute("SELECT 1")
+                        await conn.execute(pg.QUERIES["ping"])
                         quiet_since = time.monotonic()
             except Exception as exc:
                 if not self._stop.is_set():

@@ -193,10 +193,7 @@ def _migrate(conn: Connection[Any], config: pg.PostgresConfig) -> None:
             )
     with conn.transaction():
         conn.execute(q("migrate_lock"), {"key": pg.migrate_lock_key(config.schema)})
-        cursor = conn.execute(
-            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s",
-            {"schema": config.schema},
-        )
+        cursor = conn.execute(q("schema_exists"), {"schema": config.schema})
         if cursor.fetchone() is None:
             conn.execute(q("create_schema"))
         conn.execute(q("create_version_table"))

@@ -108,10 +108,7 @@ class Listener:
 
     def _run(self) -> None:
         delay = RECONNECT_MIN
-        listens = [
-            f"LISTEN {pg.quote_ident(self.channel)}",
-            f"LISTEN {pg.quote_ident(self._config.channel)}",
-        ]
+        listens = [pg.listen(self.channel), pg.listen(self._config.channel)]
         complained = False
         while not self._stop.is_set():
             conn: Connection[Any] | None = None
@@ -136,7 +133,7 @@ class Listener:
                         self._dispatch(notify.payload)
                         quiet_since = time.monotonic()
                     if time.monotonic() - quiet_since > LISTEN_PING:
-                        conn.execute("SELECT 1")
+                        conn.execute(pg.QUERIES["ping"])
                         quiet_since = time.monotonic()
             except Exception as exc:
                 if not self._stop.is_set():

@@ -29,6 +29,11 @@ SELECT name FROM __SCHEMA__.names_in_use(%(prefix)s::text, %(max_count)s::intege
 -- name: ping
 SELECT 1
 
+-- name: listen
+-- On the LISTEN connection, once per channel: the client's own and the schema's.
+-- __CHANNEL_NAME__ is replaced by the quoted channel name (an identifier, not a value).
+LISTEN __CHANNEL_NAME__
+
 -- name: server_info
 SELECT current_setting('server_encoding'), current_setting('server_version_num')::integer
 
@@ -39,6 +44,9 @@ SELECT to_regclass(%(version_table)s) IS NOT NULL
 -- Serialises migrations of one schema across every process (transaction-scoped: it is
 -- released at COMMIT, so it is safe through a transaction pooler).
 SELECT pg_advisory_xact_lock(%(key)s::bigint)
+
+-- name: schema_exists
+SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s
 
 -- name: create_schema
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__

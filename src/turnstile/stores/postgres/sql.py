@@ -135,6 +135,11 @@ def render(sql: str, schema: str) -> str:
     )
 
 
+def listen(channel: str) -> str:
+    """The LISTEN statement of one channel (an identifier, so spliced in, quoted)."""
+    return QUERIES["listen"].replace("__CHANNEL_NAME__", quote_ident(channel))
+
+
 def migrate_lock_key(schema: str) -> int:
     """The advisory lock (transaction-scoped) that serialises migrations of one schema."""
     digest = hashlib.sha256(b"turnstile.migrate\0" + schema.encode("utf-8")).digest()
