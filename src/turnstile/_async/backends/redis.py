@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError
 
 from ..._core.records import AcquireResult, Characteristics, Grant, Status
 from ...errors import ConfigurationError
@@ -103,19 +102,15 @@ class AsyncRedisWaiter:
         assert self._step is not None
         backend = self._backend
         base, name_keys = backend._keys.get(self._name)
-        script = backend._scripts["acquire"]
-        pipe = client.pipeline(transaction=False)
-        pipe.blpop([self._key], timeout=block)
-        pipe.evalsha(
-            script.sha, len(name_keys), *name_keys, base, self._name, self._holder, *self._step
+        popped, step, sent = await backend.connection.blpop_then_run(
+            client,
+            self._key,
+            block,
+            backend._scripts["acquire"],
+            name_keys,
+            [base, self._name, self._holder, *self._step],
         )
-        sent = time.monotonic()
-        popped, step = await pipe.execute(raise_on_error=False)
-        if isinstance(popped, BaseException):
-            raise popped
-        if isinstance(step, NoScriptError):
-            await client.script_load(script.text)  # for the next time; this step is lost
-        elif isinstance(step, list):
+        if isinstance(step, list):
             backend._prefetched[(self._name, self._holder)] = (
                 self._step,
                 step,

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
 
 from ..._core.records import AcquireResult, Characteristics, Grant, Status
 from ...errors import ConfigurationError
@@ -104,19 +103,15 @@ class RedisWaiter:
         assert self._step is not None
         backend = self._backend
         base, name_keys = backend._keys.get(self._name)
-        script = backend._scripts["acquire"]
-        pipe = client.pipeline(transaction=False)
-        pipe.blpop([self._key], timeout=block)
-        pipe.evalsha(
-            script.sha, len(name_keys), *name_keys, base, self._name, self._holder, *self._step
+        popped, step, sent = backend.connection.blpop_then_run(
+            client,
+            self._key,
+            block,
+            backend._scripts["acquire"],
+            name_keys,
+            [base, self._name, self._holder, *self._step],
         )
-        sent = time.monotonic()
-        popped, step = pipe.execute(raise_on_error=False)
-        if isinstance(popped, BaseException):
-            raise popped
-        if isinstance(step, NoScriptError):
-            client.script_load(script.text)  # for the next time; this step is lost
-        elif isinstance(step, list):
+        if isinstance(step, list):
             backend._prefetched[(self._name, self._holder)] = (
                 self._step,
                 step,
