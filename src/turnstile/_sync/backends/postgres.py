@@ -106,7 +106,8 @@ class PostgresBackend:
         return AcquireResult(None, position, now, retry_after, wait_id)
 
     def _wake_channel(self) -> str:
-        """The channel a hand-over to a waiter of this client is announced on ('': none)."""
+        """The channel a hand-over to a waiter of this client is announced on ('': none); a
+        method of the lock backend so that the model-equivalence test can pin it."""
         return self.connection.wake_channel()
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
