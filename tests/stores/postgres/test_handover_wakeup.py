@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import turnstile
-from turnstile._sync.backends.postgres import PostgresWaiter
+from turnstile._sync.backends.postgres_listen import PostgresWaiter
 from turnstile.stores.postgres import sql as pg
 
 pytestmark = pytest.mark.postgres

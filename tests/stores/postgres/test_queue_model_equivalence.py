@@ -12,7 +12,7 @@ import pytest
 import turnstile
 from turnstile._core import queue_machine as qmod
 from turnstile._core.records import KIND_JSON, NewMessage
-from turnstile._sync.backends.postgres_queue import wake_key
+from turnstile.stores.postgres.sql import wake_key
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -26,7 +26,7 @@ def test_sql_queue_functions_follow_the_model(pg_url: str, seed: int) -> None:
     cfg = backend.config  # type: ignore[attr-defined]
     listen = psycopg.connect(cfg.conninfo, autocommit=True)
     listen.execute(f'LISTEN "{cfg.channel}"')
-    keys_of = {wake_key("q", w): w for w in ("w1", "w2", "w3")}
+    keys_of = {wake_key("q", w, queue=True): w for w in ("w1", "w2", "w3")}
     state = qmod.QueueState()
     deliveries: list[tuple[str, str]] = []
     ids: list[str] = []

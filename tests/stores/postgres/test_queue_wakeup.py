@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 import turnstile
-from turnstile._sync.backends.postgres_queue import wake_key
 from turnstile.stores.postgres import sql as pg
+from turnstile.stores.postgres.sql import wake_key
 
 pytestmark = pytest.mark.postgres
 
@@ -78,6 +78,6 @@ def test_a_waiter_of_the_version_2_function_is_woken_on_the_schema_channel(pg_ur
             ]
             client.queue("jobs").put({"n": 2})
             heard = [n.payload for n in old.notifies(timeout=2.0, stop_after=1)]
-            assert heard == [wake_key("jobs", "old-waiter")]
+            assert heard == [wake_key("jobs", "old-waiter", queue=True)]
     finally:
         client.close()

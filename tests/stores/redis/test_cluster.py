@@ -11,7 +11,7 @@ import pytest
 from redis.crc import key_slot
 
 import turnstile
-from turnstile.stores.redis import locks as redis_common
+from turnstile.stores.redis import keys as redis_keys
 
 from ._servers import move_slot, redis_cluster, wait_until
 
@@ -39,7 +39,7 @@ def test_waiter_follows_its_name_to_another_master(tmp_path: Path) -> None:
             assert wait_until(lambda: bool(lock.status().waiters), 10)
             time.sleep(0.2)  # blocked in BLPOP on the old master
 
-            slot = key_slot(redis_common.key_base("tt-reshard:", "order:{7}").encode())
+            slot = key_slot(redis_keys.key_base("tt-reshard:", "order:{7}").encode())
             source, target = move_slot(nodes, slot)
             assert source.port != target.port
             # The line survived the move: same holder, same waiter.

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 import turnstile
 import turnstile.aio
-from turnstile.stores.redis import locks as redis_common
+from turnstile.stores.redis import keys as redis_keys
 
 from ._servers import RedisProcess, free_port, redis_process
 
@@ -97,6 +97,24 @@ def test_scripts_are_loaded_once(server: RedisProcess) -> None:
         client.close()
 
 
+def test_queue_scripts_take_the_same_evalsha_path(server: RedisProcess) -> None:
+    client = turnstile.connect(server.url + "?prefix=tt-qscripts:")
+    try:
+        q = client.queue("jobs")
+        q.put({"n": 1})
+        loaded = server.commandstats()["script|load"]
+        with server.admin() as admin:
+            admin.script_flush()  # as after a restart or failover
+        q.put({"n": 2})  # NOSCRIPT: loaded again, then run
+        q.put({"n": 3})
+        stats = server.commandstats()
+        assert stats["script|load"] == loaded + 1  # once per flush, not per call
+        assert [q.get(timeout=1) is not None for _ in range(3)] == [True] * 3
+        assert "eval" not in server.commandstats()  # the source is never sent with a call
+    finally:
+        client.close()
+
+
 def test_keys_live_under_the_prefix_expire_and_share_one_slot_per_name(
     server: RedisProcess,
 ) -> None:
@@ -120,7 +138,7 @@ def test_keys_live_under_the_prefix_expire_and_share_one_slot_per_name(
             assert admin.pttl(key) > 0, f"{key} has no expiry"
         assert len(tags) == len(ODD_NAMES)  # no two names share keys
         for name in ODD_NAMES:  # each name's keys (incl. its wake-up list) in one slot
-            base = redis_common.key_base(prefix, name)
+            base = redis_keys.key_base(prefix, name)
             mine = [k for k in keys if k.startswith(base)]
             assert sorted(k[len(base) :] for k in mine) == ["d", "hx", "s:second", "wq", "wx"]
             assert len({key_slot(k.encode()) for k in mine}) == 1
@@ -152,7 +170,7 @@ def test_handover_costs_the_same_with_2_and_32_waiters(server: RedisProcess) -> 
 
 def test_names_with_braces_spread_over_slots() -> None:
     # A name's own braces never pick its slot: "{same}1", "{same}2", ... are spread.
-    slots = {key_slot(redis_common.key_base("p:", f"{{same}}{i}").encode()) for i in range(50)}
+    slots = {key_slot(redis_keys.key_base("p:", f"{{same}}{i}").encode()) for i in range(50)}
     assert len(slots) > 40
 
 
@@ -219,7 +237,7 @@ def test_cluster_keys_of_a_name_share_a_slot_and_names_spread() -> None:
         assert client.names() == sorted(names)
         nodes = set()
         for name in names:
-            base = redis_common.key_base(prefix, name)
+            base = redis_keys.key_base(prefix, name)
             slot = admin.cluster_keyslot(base + "d")
             for suffix in ("hx", "wx", "wq", "s:second"):
                 assert admin.cluster_keyslot(base + suffix) == slot

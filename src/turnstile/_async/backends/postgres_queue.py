@@ -1,14 +1,13 @@
-"""Queues on ``postgresql://``: one SQL function per operation (migrations
-``stores/postgres/migrations/0002_queue.sql`` and ``0004_queue_wake_channel.sql``), run through
-the lock backend's pool and retry loop; a blocked consumer is woken by a NOTIFY naming it on
-its client's own channel, dispatched by the client's one LISTEN connection (and polls with a
-short backoff while that connection is down)."""
+"""Queues on ``postgresql://``: one SQL function per operation (``stores/postgres/schema.sql``;
+their calls are the ``queue_*`` queries of ``queries.sql``), run through the client's shared
+connection (``postgres_connection.py``: pool and retry loop); a blocked consumer is woken by
+a NOTIFY naming it on its client's own channel, dispatched by the client's one LISTEN
+connection (``postgres_listen.py``; it polls with a short backoff while that is down)."""
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._core.records import (
     ClaimResult,
@@ -20,50 +19,26 @@ from ..._core.records import (
     QueueStats,
 )
 from ...stores.postgres import sql as pg
-from .postgres import LISTEN_START_WAIT, AsyncPostgresBackend, AsyncPostgresWaiter
+from .postgres_listen import AsyncListener, AsyncPostgresWaiter
 
-QUERIES = {
-    "put": "SELECT o_id, o_created, o_now FROM __SCHEMA__.queue_put(%(name)s::text, %(id)s::text,"
-    " %(key)s::text, %(body)s::bytea, %(kind)s::smallint, %(delay)s::float8, %(dedup)s::text,"
-    " %(max)s::integer, %(window)s::float8, %(now)s::timestamptz)",
-    "claim": "SELECT o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,"
-    " o_now, o_retry_after FROM __SCHEMA__.queue_claim(%(name)s::text, %(receipt)s::text,"
-    " %(vt)s::float8, %(cap)s::integer, %(max)s::integer, %(waiter)s::text, %(now)s::timestamptz,"
-    " %(channel)s::text)",
-    "ack": "SELECT __SCHEMA__.queue_ack(%(name)s::text, %(id)s::text, %(receipt)s::text,"
-    " %(now)s::timestamptz)",
-    "nack": "SELECT __SCHEMA__.queue_nack(%(name)s::text, %(id)s::text, %(receipt)s::text,"
-    " %(delay)s::float8, %(error)s::text, %(now)s::timestamptz)",
-    "extend": "SELECT __SCHEMA__.queue_extend(%(name)s::text, %(id)s::text, %(receipt)s::text,"
-    " %(seconds)s::float8, %(now)s::timestamptz)",
-    "stats": "SELECT o_ready, o_delayed, o_in_flight, o_dead, o_oldest, o_now, o_keys, o_counts"
-    " FROM __SCHEMA__.queue_stats(%(name)s::text, %(top)s::integer, %(now)s::timestamptz)",
-    "dead": "SELECT o_id, o_key, o_body, o_kind, o_attempts, o_enqueued_at, o_died_at, o_error"
-    " FROM __SCHEMA__.queue_dead(%(name)s::text, %(limit)s::integer, %(now)s::timestamptz)",
-    "requeue": "SELECT __SCHEMA__.queue_requeue(%(name)s::text, %(ids)s::text[],"
-    " %(now)s::timestamptz)",
-    "purge": "SELECT __SCHEMA__.queue_purge_dead(%(name)s::text, %(ids)s::text[],"
-    " %(now)s::timestamptz)",
-    "unregister": "SELECT __SCHEMA__.queue_unregister(%(name)s::text, %(waiter)s::text)",
-    # A plain read (no function: it changes nothing and needs no migration).
-    "names": "SELECT q.name FROM __SCHEMA__.queues q WHERE starts_with(q.name, %(prefix)s::text)"
-    " AND EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m WHERE m.queue_id = q.id)"
-    " ORDER BY q.name LIMIT %(max)s::integer",
-}
+if TYPE_CHECKING:
+    # The connection makes this backend (AsyncPostgresConnection.queues), so it is imported
+    # for types only.
+    from .postgres_connection import AsyncPostgresConnection
 
-
-def wake_key(name: str, waiter: str) -> str:
-    """Must equal the SQL function ``queue_wake_key`` of migration 0002."""
-    data = b"\0queue\0" + name.encode("utf-8") + b"\0" + waiter.encode("utf-8")
-    return hashlib.sha256(data).hexdigest()[:32]
-
+OPERATIONS = (
+    "put", "claim", "ack", "nack", "extend", "stats", "dead", "requeue", "purge", "unregister",
+    "names",
+)
 
 class AsyncPostgresQueueWaiter:
-    def __init__(self, queues: AsyncPostgresQueueBackend, name: str) -> None:
+    def __init__(
+        self, queues: AsyncPostgresQueueBackend, name: str, listener: AsyncListener | None
+    ) -> None:
         self.id = secrets.token_hex(8)
         self._queues = queues
         self._name = name
-        self._inner = AsyncPostgresWaiter(queues.backend.listener, wake_key(name, self.id))
+        self._inner = AsyncPostgresWaiter(listener, pg.wake_key(name, self.id, queue=True))
 
     async def wait(self, timeout: float) -> bool:
         return await self._inner.wait(timeout)
@@ -75,14 +50,14 @@ class AsyncPostgresQueueWaiter:
 
 
 class AsyncPostgresQueueBackend:
-    def __init__(self, backend: AsyncPostgresBackend) -> None:
-        self.backend = backend
-        self._q = {op: pg.render(text, backend.config.schema) for op, text in QUERIES.items()}
+    def __init__(self, connection: AsyncPostgresConnection) -> None:
+        self.connection = connection
+        self._q = {op: connection.query(f"queue_{op}") for op in OPERATIONS}
 
     async def _one(self, op: str, params: dict[str, Any]) -> Any:
-        # "now": a virtual store clock in tests (backend.clock_override), else None.
-        return await self.backend._run(
-            self._q[op], {**params, "now": self.backend._now()}, f"queue {op}"
+        # "now": a virtual store clock in tests (connection.clock_override), else None.
+        return await self.connection.run(
+            self._q[op], {**params, "now": self.connection.now()}, f"queue {op}"
         )
 
     async def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
@@ -108,7 +83,7 @@ class AsyncPostgresQueueBackend:
     ) -> ClaimResult:
         # A consumer that may wait is woken on its client's own LISTEN channel (schema
         # version 4); None: on the schema's channel.
-        channel = (self.backend._wake_channel() or None) if waiter is not None else None
+        channel = (self.connection.wake_channel() or None) if waiter is not None else None
         row = await self._one(
             "claim",
             {
@@ -152,9 +127,9 @@ class AsyncPostgresQueueBackend:
         )
 
     async def dead_letters(self, name: str, *, limit: int) -> list[DeadLetterRow]:
-        rows = await self.backend._run(
+        rows = await self.connection.run(
             self._q["dead"],
-            {"name": name, "limit": limit, "now": self.backend._now()},
+            {"name": name, "limit": limit, "now": self.connection.now()},
             "queue dead",
             many=True,
         )
@@ -169,16 +144,10 @@ class AsyncPostgresQueueBackend:
         return int((await self._one("purge", {"name": name, "ids": ids}))[0])
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
-        rows = await self.backend._run(
+        rows = await self.connection.run(
             self._q["names"], {"prefix": prefix, "max": max_count}, "list queues", many=True
         )
         return [r[0] for r in rows]
 
     async def open_waiter(self, name: str) -> AsyncPostgresQueueWaiter:
-        await self.backend._check_fork()
-        listener = self.backend.listener
-        if listener is not None and listener.start():
-            await listener.wait_first_attempt(
-                min(LISTEN_START_WAIT, self.backend.config.connect_timeout)
-            )
-        return AsyncPostgresQueueWaiter(self, name)
+        return AsyncPostgresQueueWaiter(self, name, await self.connection.listening())

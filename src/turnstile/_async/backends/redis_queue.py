@@ -1,20 +1,26 @@
 """Queues on ``redis://`` / ``redis+cluster://``: one Lua script per operation
-(``stores/redis/lua/queue/*.lua``), run on the lock backend's client; a blocked consumer
-BLPOPs its own wake-up list on the backend's separate blocking client, and the script that
-makes a message deliverable pushes to the oldest registered waiter's list only."""
+(``stores/redis/lua/queue/*.lua``), run through the client's shared connection
+(``redis_connection.py``); a blocked consumer BLPOPs its own wake-up list on the
+connection's separate blocking client, and the script that makes a message deliverable
+pushes to the oldest registered waiter's list only."""
 
 from __future__ import annotations
 
 import logging
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
-from ...stores.redis import locks as redis_common
-from ...stores.redis import queues as qc
+from ...stores.redis import keys, replies, scripts
+from ...stores.redis.config import MAX_BLOCK
+from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
-from .redis import DRIVER_ERRORS, AsyncRedisBackend
+
+if TYPE_CHECKING:
+    # The connection makes this backend (AsyncRedisConnection.queues), so it is imported
+    # for types only.
+    from .redis_connection import AsyncRedisConnection
 
 log = logging.getLogger("turnstile.redis")
 
@@ -24,7 +30,7 @@ class AsyncRedisQueueWaiter:
         self.id = secrets.token_hex(8)
         self._queues = queues
         self._name = name
-        self._key = qc.signal_key(queues.base(name), self.id)
+        self._key = keys.signal_key(queues.base(name), self.id)
 
     async def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -32,10 +38,10 @@ class AsyncRedisQueueWaiter:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            block = max(0.001, min(left, redis_common.MAX_BLOCK))
+            block = max(0.001, min(left, MAX_BLOCK))
             block = int(block * 1000 + 0.999) / 1000  # milliseconds, rounded up; 0 = forever
             try:
-                client = self._queues.backend._blocking_client(self._key)
+                client = self._queues.connection.blocking_client(self._key)
                 if await client.blpop([self._key], timeout=block) is not None:
                     return True
             except DRIVER_ERRORS as exc:
@@ -50,22 +56,19 @@ class AsyncRedisQueueWaiter:
 
 
 class AsyncRedisQueueBackend:
-    def __init__(self, backend: AsyncRedisBackend) -> None:
-        self.backend = backend
-        client = backend._client
-        self._scripts: dict[str, Any] = {
-            op: client.register_script(qc.script_text(op)) for op in qc.OPERATIONS
-        }
+    def __init__(self, connection: AsyncRedisConnection) -> None:
+        self.connection = connection
+        self._scripts = scripts.load("queue")
 
     def base(self, name: str) -> str:
-        return qc.queue_base(self.backend.config.prefix, name)
+        return keys.queue_base(self.connection.config.prefix, name)
 
     async def _run(self, op: str, name: str, args: list[Any]) -> Any:
         base = self.base(name)
-        try:
-            return await self._scripts[op](keys=qc.queue_keys(base), args=[base, *args])
-        except DRIVER_ERRORS as exc:
-            raise self.backend._unavailable(f"queue {op}", exc) from exc
+        return await self.connection.run(
+            self._scripts[op], keys.queue_keys(base), [base, *args], f"queue {op}",
+            cancellable=False,
+        )
 
     async def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
         reply = await self._run(
@@ -73,11 +76,11 @@ class AsyncRedisQueueBackend:
             name,
             [
                 name, message.id, message.key or "", message.body, message.kind,
-                qc.micros(message.delay), message.dedup_id or "", message.max_attempts,
-                qc.micros(dedup_window),
+                keys.micros(message.delay), message.dedup_id or "", message.max_attempts,
+                keys.micros(dedup_window),
             ],
         )
-        return qc.put_result(reply)
+        return replies.put_result(reply)
 
     async def claim(
         self,
@@ -93,11 +96,11 @@ class AsyncRedisQueueBackend:
             "claim",
             name,
             [
-                name, receipt, qc.micros(visibility_timeout),
+                name, receipt, keys.micros(visibility_timeout),
                 -1 if concurrency is None else concurrency, max_attempts, waiter or "",
             ],
         )
-        return qc.claim_result(reply, receipt)
+        return replies.claim_result(reply, receipt)
 
     async def ack(self, name: str, id: str, receipt: str) -> bool:
         return int(await self._run("ack", name, [id, receipt])) == 1
@@ -108,19 +111,19 @@ class AsyncRedisQueueBackend:
         reply = await self._run(
             "nack",
             name,
-            [id, receipt, qc.micros(delay), 0 if error is None else 1, error or ""],
+            [id, receipt, keys.micros(delay), 0 if error is None else 1, error or ""],
         )
         return int(reply) == 1
 
     async def extend(self, name: str, id: str, receipt: str, seconds: float) -> float | None:
-        reply = int(await self._run("extend", name, [id, receipt, qc.micros(seconds)]))
+        reply = int(await self._run("extend", name, [id, receipt, keys.micros(seconds)]))
         return None if reply < 0 else reply / 1_000_000
 
     async def stats(self, name: str, *, top_keys: int) -> QueueStats:
-        return qc.stats_result(name, await self._run("stats", name, [top_keys]))
+        return replies.stats_result(name, await self._run("stats", name, [top_keys]))
 
     async def dead_letters(self, name: str, *, limit: int) -> list[DeadLetterRow]:
-        return qc.dead_result(await self._run("dead", name, [limit]))
+        return replies.dead_result(await self._run("dead", name, [limit]))
 
     async def requeue(self, name: str, ids: list[str] | None) -> int:
         if ids is not None and not ids:
@@ -134,14 +137,14 @@ class AsyncRedisQueueBackend:
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
         async def probe(base: str) -> Any:  # the queue's name if it holds messages
-            try:
-                return await self._scripts["names"](keys=qc.queue_keys(base), args=[base])
-            except DRIVER_ERRORS as exc:
-                raise self.backend._unavailable("list queues", exc) from exc
+            return await self.connection.run(
+                self._scripts["names"], keys.queue_keys(base), [base], "list queues",
+                cancellable=False,
+            )
 
         # "<prefix>{T}:q:meta" -> "<prefix>{T}:q:"
-        pattern = qc.meta_pattern(self.backend.config.prefix)
-        return await self.backend.scan_names(pattern, "meta", probe, prefix, max_count)
+        pattern = keys.queue_meta_pattern(self.connection.config.prefix)
+        return await self.connection.scan_names(pattern, "meta", probe, prefix, max_count)
 
     async def open_waiter(self, name: str) -> AsyncRedisQueueWaiter:
         return AsyncRedisQueueWaiter(self, name)

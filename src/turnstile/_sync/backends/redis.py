@@ -12,46 +12,31 @@ in one slot. See ``docs/redis.md`` for deployment, persistence and the key layou
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult
 
-from redis import Redis
-from redis.cluster import ClusterNode, RedisCluster
-from redis.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import (
-    AuthenticationError,
-    NoScriptError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-)
+from redis.cluster import RedisCluster
 
 from ..._core.records import AcquireResult, Characteristics, Grant, Status
-from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
-from ...stores.redis import locks as common
+from ...errors import ConfigurationError
+from ...stores.redis import config as redis_config
+from ...stores.redis import keys, replies, scripts
+from ...stores.redis.config import MAX_BLOCK, RedisConfig
+from ...stores.redis.driver import DRIVER_ERRORS, connect_error
 from .. import _compat
+from .redis_connection import RedisConnection
+
+if TYPE_CHECKING:
+    # Made by the shared connection: the lock and queue modules never import each other.
+    from .redis_queue import RedisQueueBackend
 
 log = logging.getLogger("turnstile.redis")
 
-# What the driver raises: redis-py's errors (its Cluster errors are not RedisErrors) and
-# socket errors. Each is translated at this module's boundary.
-DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
-# Every script is idempotent (acquire per holder, release/renew per token), so a command
-# whose connection dropped is simply sent again, briefly.
-RETRIES = 3
 
-
-def _retry() -> Retry:
-    return Retry(ExponentialBackoff(cap=0.25, base=0.01), RETRIES)
-
-
-def _characteristics(config: common.RedisConfig, durable: bool, detail: str) -> Characteristics:
+def _characteristics(config: RedisConfig, durable: bool, detail: str) -> Characteristics:
     return Characteristics(
         scheme="redis+cluster" if config.cluster else "redis",
         cross_process=True,
@@ -60,22 +45,6 @@ def _characteristics(config: common.RedisConfig, durable: bool, detail: str) -> 
         woken_by_store=True,
         description=detail,
     )
-
-
-def _make_client(config: common.RedisConfig, options: dict[str, Any]) -> Any:
-    if config.cluster:
-        return RedisCluster(
-            startup_nodes=[
-                ClusterNode(host, port)  # type: ignore[no-untyped-call,unused-ignore]
-                for host, port in config.startup_nodes
-            ],
-            username=config.username,
-            password=config.password,
-            ssl=config.ssl,
-            retry=_retry(),
-            **options,
-        )
-    return Redis.from_url(config.url, retry=_retry(), **options)
 
 
 class RedisWaiter:
@@ -98,7 +67,7 @@ class RedisWaiter:
         self._backend = backend
         self._name = name
         self._holder = holder
-        self._key = common.signal_key(backend._keys.get(name)[0], holder)
+        self._key = keys.signal_key(backend._keys.get(name)[0], holder)
         self._step = step  # the args of the caller's acquire step, if known
 
     def wait(self, timeout: float) -> bool:
@@ -108,13 +77,13 @@ class RedisWaiter:
             if left <= 0:
                 return False
             # Redis reads the timeout in milliseconds and 0 means forever: round up.
-            block = max(0.001, min(left, common.MAX_BLOCK))
+            block = max(0.001, min(left, MAX_BLOCK))
             block = int(block * 1000 + 0.999) / 1000
             if self._step is None:  # the caller's step may come after open_waiter
                 self._step = self._backend._waiting_steps.pop((self._name, self._holder), None)
             cancels = _compat.cancel_count()
             try:
-                client = self._backend._blocking_client(self._key)
+                client = self._backend.connection.blocking_client(self._key)
                 if self._step is None:
                     popped = client.blpop([self._key], timeout=block)
                 else:
@@ -133,20 +102,16 @@ class RedisWaiter:
     def _pop_and_step(self, client: Any, block: float) -> Any:
         assert self._step is not None
         backend = self._backend
-        base, keys = backend._keys.get(self._name)
-        script = backend._scripts["acquire"]
-        pipe = client.pipeline(transaction=False)
-        pipe.blpop([self._key], timeout=block)
-        pipe.evalsha(
-            script.sha, len(keys), *keys, base, self._name, self._holder, *self._step
+        base, name_keys = backend._keys.get(self._name)
+        popped, step, sent = backend.connection.blpop_then_run(
+            client,
+            self._key,
+            block,
+            backend._scripts["acquire"],
+            name_keys,
+            [base, self._name, self._holder, *self._step],
         )
-        sent = time.monotonic()
-        popped, step = pipe.execute(raise_on_error=False)
-        if isinstance(popped, BaseException):
-            raise popped
-        if isinstance(step, NoScriptError):
-            client.script_load(script.text)  # for the next time; this step is lost
-        elif isinstance(step, list):
+        if isinstance(step, list):
             backend._prefetched[(self._name, self._holder)] = (
                 self._step,
                 step,
@@ -162,17 +127,15 @@ class RedisWaiter:
 
 
 class RedisBackend:
-    def __init__(self, config: common.RedisConfig) -> None:
+    def __init__(self, connection: RedisConnection) -> None:
+        config = connection.config
         self.config = config
+        self.connection = connection
         self.characteristics = _characteristics(config, False, f"Redis at {config.shown}")
-        self._client = _make_client(config, config.options)
-        self._blocking: Any = None
-        self._queues: Any = None
-        self._blocking_nodes: dict[tuple[str, int], Any] = {}
         # Read once per client; sent as EVALSHA, and loaded (SCRIPT LOAD) only when a server
         # answers NOSCRIPT: on first use, or after a restart or failover emptied its cache.
-        self._scripts = {op: common.Script(common.script_text(op)) for op in common.OPERATIONS}
-        self._keys = common.KeyCache(config.prefix)
+        self._scripts = scripts.load("lock")
+        self._keys = keys.KeyCache(config.prefix)
         # The args of the last acquire step of each (name, holder) that left it waiting, for
         # the waiter opened next (bounded: try_acquire callers never open one).
         self._waiting_steps: dict[tuple[str, str], tuple[int, ...]] = {}
@@ -180,71 +143,19 @@ class RedisBackend:
         # and receive times), taken by the next matching acquire.
         self._prefetched: dict[tuple[str, str], tuple[tuple[int, ...], Any, float, float]] = {}
 
-    def queues(self) -> Any:
+    def queues(self) -> RedisQueueBackend:
         """The queue operations on this server (see ``redis_queue.py``)."""
-        if self._queues is None:
-            from .redis_queue import RedisQueueBackend
-
-            self._queues = RedisQueueBackend(self)
-        return self._queues
-
-    # -- plumbing ----------------------------------------------------------------------------
-    def _unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
-        message = common.safe_message(exc, self.config)
-        return BackendUnavailable(f"Redis {what} failed on {self.config.shown}: {message}")
-
-    def _blocking_client(self, key: str) -> Any:
-        """A client of its own for BLPOP, so blocked waiters never hold the connections the
-        scripts run on; created on the first wait (the fast path never needs it). In a
-        Cluster, a plain client of the node that owns ``key``'s slot (as the Cluster client
-        last saw it; a MOVED answer makes the waiter fall back to an acquire step through
-        the Cluster client, which learns the new owner)."""
-        if not self.config.cluster:
-            if self._blocking is None:
-                self._blocking = _make_client(self.config, self.config.blocking_options())
-            return self._blocking
-        node = self._client.get_node_from_key(key)
-        address = (str(node.host), int(node.port))
-        client = self._blocking_nodes.get(address)
-        if client is None:
-            client = Redis(
-                host=address[0],
-                port=address[1],
-                username=self.config.username,
-                password=self.config.password,
-                ssl=self.config.ssl,
-                retry=_retry(),
-                **self.config.blocking_options(),
-            )
-            self._blocking_nodes[address] = client
-        return client
-
-    def _eval(self, op: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts[op]
-        cancels = _compat.cancel_count()
-        try:
-            try:
-                reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                self._client.script_load(script.text)
-                reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
-        except DRIVER_ERRORS as exc:
-            _compat.raise_if_cancelled_since(cancels)
-            raise self._unavailable(op, exc) from exc
-        # redis-py may finish a command although its task was cancelled meanwhile: the step
-        # then counts as interrupted (the caller cleans up, as after any cancelled step).
-        _compat.raise_if_cancelled_since(cancels)
-        return reply
+        return self.connection.queues()
 
     def _run(self, op: str, name: str, args: list[Any]) -> Any:
-        base, keys = self._keys.get(name)
-        return self._eval(op, keys, [base, *args])
+        base, name_keys = self._keys.get(name)
+        return self.connection.run(self._scripts[op], name_keys, [base, *args], op)
 
     # -- the protocol ------------------------------------------------------------------------
     def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
-        step = (limit, common.micros(ttl), common.micros(wait_ttl), 1 if enqueue else 0)
+        step = (limit, keys.lease_micros(ttl), keys.lease_micros(wait_ttl), 1 if enqueue else 0)
         if self._prefetched:
             found = self._prefetched.pop((name, holder), None)
             if found is not None and found[0] == step and time.monotonic() - found[3] < 1.0:
@@ -252,12 +163,12 @@ class RedisBackend:
                 # the server after `sent`. Shift `now` by the time since, so that the local
                 # deadline the caller derives (its send time + expires - now) counts from
                 # `sent`: conservative, never late.
-                result = common.acquire_result(name, holder, found[1])
+                result = replies.acquire_result(name, holder, found[1])
                 return dataclasses.replace(result, now=result.now + (time.monotonic() - found[2]))
         reply = self._run("acquire", name, [name, holder, *step])
-        result = common.acquire_result(name, holder, reply)
+        result = replies.acquire_result(name, holder, reply)
         if result.grant is None and result.position is not None:
-            if len(self._waiting_steps) >= common.KeyCache.SIZE:
+            if len(self._waiting_steps) >= keys.KeyCache.SIZE:
                 self._waiting_steps.clear()
             self._waiting_steps[(name, holder)] = step
         return result
@@ -267,64 +178,30 @@ class RedisBackend:
         return int(reply) == 1
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
-        reply = self._run("renew", name, [holder, str(token), common.micros(ttl)])
-        return common.renew_result(name, holder, reply)
+        reply = self._run("renew", name, [holder, str(token), keys.lease_micros(ttl)])
+        return replies.renew_result(name, holder, reply)
 
     def status(self, name: str) -> Status:
-        return common.status_result(name, self._run("status", name, []))
+        return replies.status_result(name, self._run("status", name, []))
 
     def names(self, prefix: str, max_count: int) -> list[str]:
         def probe(base: str) -> Any:
-            return self._eval("probe", common.name_keys(base), [base])
+            return self.connection.run(
+                self._scripts["probe"], keys.name_keys(base), [base], "probe"
+            )
 
         # "<prefix>{T}:d" -> "<prefix>{T}:"
-        pattern = common.meta_pattern(self.config.prefix)
-        return self.scan_names(pattern, "d", probe, prefix, max_count)
-
-    def scan_names(
-        self,
-        pattern: str,
-        suffix: str,
-        probe: Callable[[str], Any],
-        prefix: str,
-        max_count: int,
-    ) -> list[str]:
-        """Names behind hash tags: SCAN (every master of a Cluster) for the keys matching
-        ``pattern``, cut ``suffix`` off each to get its key base, and ask ``probe(base)``
-        for the name ('' when it has nothing to show); the first ``max_count`` of those
-        starting with ``prefix``, in code-point order."""
-        bases: list[str] = []
-        try:
-            for raw in self._client.scan_iter(match=pattern, count=1000):
-                key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-                bases.append(key[: -len(suffix)])
-        except DRIVER_ERRORS as exc:
-            raise self._unavailable("SCAN", exc) from exc
-        found: set[str] = set()
-        for base in bases:
-            reply = probe(base)
-            name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
-            if name and name.startswith(prefix):
-                found.add(name)
-        return sorted(found)[:max_count]
+        pattern = keys.lock_meta_pattern(self.config.prefix)
+        return self.connection.scan_names(pattern, "d", probe, prefix, max_count)
 
     def open_waiter(self, name: str, holder: str) -> RedisWaiter:
         return RedisWaiter(self, name, holder, self._waiting_steps.pop((name, holder), None))
 
     def ping(self) -> None:
-        try:
-            self._client.ping()
-        except DRIVER_ERRORS as exc:
-            raise self._unavailable("PING", exc) from exc
+        self.connection.ping()
 
     def close(self) -> None:
-        clients = [self._client, self._blocking, *self._blocking_nodes.values()]
-        self._blocking = None
-        self._blocking_nodes = {}
-        for client in clients:
-            if client is not None:
-                with contextlib.suppress(*DRIVER_ERRORS):
-                    client.close()
+        self.connection.close()
 
     # -- connecting --------------------------------------------------------------------------
     def _check_server(self) -> None:
@@ -332,9 +209,9 @@ class RedisBackend:
         config = self.config
         try:
             if config.cluster:
-                info = self._client.info("server", target_nodes=RedisCluster.RANDOM)
+                info = self.connection.client.info("server", target_nodes=RedisCluster.RANDOM)
             else:
-                info = self._client.info()
+                info = self.connection.client.info()
         except DRIVER_ERRORS as exc:
             raise connect_error(config, exc) from exc
         version = str(info.get("redis_version", "0"))
@@ -370,32 +247,10 @@ class RedisBackend:
         )
 
 
-def connect_error(config: common.RedisConfig, exc: BaseException) -> TurnstileError:
-    """What a driver error while connecting means, naming the problem and the fix."""
-    message = common.safe_message(exc, config)
-    if isinstance(exc, AuthenticationError) or any(
-        code in message for code in ("NOAUTH", "WRONGPASS", "NOPERM", "invalid password")
-    ):
-        return ConfigurationError(
-            f"Redis at {config.shown} refused the credentials or permissions: {message}; "
-            "check the user and password in the URL"
-        )
-    if "not enabled" in message.lower() or "cluster support disabled" in message.lower():
-        return ConfigurationError(
-            f"{config.shown} is not a Redis Cluster ({message}); use redis:// instead"
-        )
-    if isinstance(exc, ResponseError):
-        return BackendUnavailable(f"Redis at {config.shown} answered: {message}")
-    return BackendUnavailable(
-        f"cannot reach Redis at {config.shown}: {message}; "
-        "check the host and port and that the server is running"
-    )
-
-
 def open_backend(url: str, parts: SplitResult) -> RedisBackend:
-    config = common.parse_url(url, parts)
+    config = redis_config.parse_url(url, parts)
     try:
-        backend = RedisBackend(config)
+        backend = RedisBackend(RedisConnection(config))
     except DRIVER_ERRORS as exc:  # the sync Cluster client connects while it is made
         raise connect_error(config, exc) from exc
     except TypeError as exc:

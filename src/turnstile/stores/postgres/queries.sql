@@ -29,6 +29,11 @@ SELECT name FROM __SCHEMA__.names_in_use(%(prefix)s::text, %(max_count)s::intege
 -- name: ping
 SELECT 1
 
+-- name: listen
+-- On the LISTEN connection, once per channel: the client's own and the schema's.
+-- __CHANNEL_NAME__ is replaced by the quoted channel name (an identifier, not a value).
+LISTEN __CHANNEL_NAME__
+
 -- name: server_info
 SELECT current_setting('server_encoding'), current_setting('server_version_num')::integer
 
@@ -39,6 +44,9 @@ SELECT to_regclass(%(version_table)s) IS NOT NULL
 -- Serialises migrations of one schema across every process (transaction-scoped: it is
 -- released at COMMIT, so it is safe through a transaction pooler).
 SELECT pg_advisory_xact_lock(%(key)s::bigint)
+
+-- name: schema_exists
+SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s
 
 -- name: create_schema
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__
@@ -55,3 +63,54 @@ SELECT coalesce(max(version), 0) FROM __SCHEMA__.schema_version
 
 -- name: record_version
 INSERT INTO __SCHEMA__.schema_version (version, name) VALUES (%(version)s, %(name)s)
+
+-- Queues: one function per operation (see schema.sql), and one plain read.
+
+-- name: queue_put
+SELECT o_id, o_created, o_now
+FROM __SCHEMA__.queue_put(%(name)s::text, %(id)s::text, %(key)s::text, %(body)s::bytea,
+                          %(kind)s::smallint, %(delay)s::float8, %(dedup)s::text,
+                          %(max)s::integer, %(window)s::float8, %(now)s::timestamptz)
+
+-- name: queue_claim
+SELECT o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline, o_now,
+       o_retry_after
+FROM __SCHEMA__.queue_claim(%(name)s::text, %(receipt)s::text, %(vt)s::float8,
+                            %(cap)s::integer, %(max)s::integer, %(waiter)s::text,
+                            %(now)s::timestamptz, %(channel)s::text)
+
+-- name: queue_ack
+SELECT __SCHEMA__.queue_ack(%(name)s::text, %(id)s::text, %(receipt)s::text,
+                            %(now)s::timestamptz)
+
+-- name: queue_nack
+SELECT __SCHEMA__.queue_nack(%(name)s::text, %(id)s::text, %(receipt)s::text,
+                             %(delay)s::float8, %(error)s::text, %(now)s::timestamptz)
+
+-- name: queue_extend
+SELECT __SCHEMA__.queue_extend(%(name)s::text, %(id)s::text, %(receipt)s::text,
+                               %(seconds)s::float8, %(now)s::timestamptz)
+
+-- name: queue_stats
+SELECT o_ready, o_delayed, o_in_flight, o_dead, o_oldest, o_now, o_keys, o_counts
+FROM __SCHEMA__.queue_stats(%(name)s::text, %(top)s::integer, %(now)s::timestamptz)
+
+-- name: queue_dead
+SELECT o_id, o_key, o_body, o_kind, o_attempts, o_enqueued_at, o_died_at, o_error
+FROM __SCHEMA__.queue_dead(%(name)s::text, %(limit)s::integer, %(now)s::timestamptz)
+
+-- name: queue_requeue
+SELECT __SCHEMA__.queue_requeue(%(name)s::text, %(ids)s::text[], %(now)s::timestamptz)
+
+-- name: queue_purge
+SELECT __SCHEMA__.queue_purge_dead(%(name)s::text, %(ids)s::text[], %(now)s::timestamptz)
+
+-- name: queue_unregister
+SELECT __SCHEMA__.queue_unregister(%(name)s::text, %(waiter)s::text)
+
+-- name: queue_names
+-- A plain read (no function: it changes nothing and needs no migration).
+SELECT q.name FROM __SCHEMA__.queues q
+WHERE starts_with(q.name, %(prefix)s::text)
+  AND EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m WHERE m.queue_id = q.id)
+ORDER BY q.name LIMIT %(max)s::integer

@@ -1,10 +1,20 @@
 """Store-side parts of the PostgreSQL backend shared by the sync and async flavours: the URL,
-the named queries and migrations (``stores/postgres/``), the wake-up key, and how psycopg's
-exceptions become Turnstile's.
+the SQL files, the wake-up key, and how psycopg's exceptions become Turnstile's.
 
-The state machine itself lives in the database, as the functions of
-``stores/postgres/migrations/`` (one call = one transaction = one round trip),
-following :mod:`turnstile._core.lock_machine` step for step.
+Every line of SQL lives in a ``.sql`` file beside this module:
+
+- ``schema.sql``: the schema as it is now (tables, indexes, the current version of every
+  function), to read. The state machine lives there, as functions (one call = one
+  transaction = one round trip) following :mod:`turnstile._core.lock_machine` and
+  :mod:`turnstile._core.queue_machine` step for step.
+- ``queries.sql``: every statement the backends send, by name (locks, queues, migrating).
+- ``migrations/``: how a schema gets to the current version, never edited once released
+  (deployed databases have applied them).
+
+A new schema is made by running the migrations in order, exactly as an old one is brought
+up to date, so there is one way a schema comes to be; ``schema.sql`` is not run by the
+backends, and ``tests/stores/postgres/test_schema_file.py`` checks that it makes the same
+schema as the migrations do (catalog and function text).
 """
 
 from __future__ import annotations
@@ -125,15 +135,26 @@ def render(sql: str, schema: str) -> str:
     )
 
 
+def listen(channel: str) -> str:
+    """The LISTEN statement of one channel (an identifier, so spliced in, quoted)."""
+    return QUERIES["listen"].replace("__CHANNEL_NAME__", quote_ident(channel))
+
+
 def migrate_lock_key(schema: str) -> int:
     """The advisory lock (transaction-scoped) that serialises migrations of one schema."""
     digest = hashlib.sha256(b"turnstile.migrate\0" + schema.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def wake_key(name: str, holder: str) -> str:
-    """Must equal the SQL function ``wake_key`` of the migrations."""
-    data = name.encode("utf-8") + b"\0" + holder.encode("utf-8")
+def wake_key(name: str, waiter: str, *, queue: bool = False) -> str:
+    """The NOTIFY payload (its first word) that names one waiter: of a lock (``waiter`` is
+    the holder) or, with ``queue``, a blocked consumer of a queue (``waiter`` is its id).
+    Must equal the SQL functions ``wake_key`` and ``queue_wake_key`` of ``schema.sql``
+    (``tests/stores/postgres/test_schema.py`` checks both). A queue's key starts with
+    NUL "queue" NUL, and lock names never start with NUL, so the two never collide."""
+    data = name.encode("utf-8") + b"\0" + waiter.encode("utf-8")
+    if queue:
+        data = b"\0queue\0" + data
     return hashlib.sha256(data).hexdigest()[:32]
 
 

@@ -1,7 +1,7 @@
 -- Turnstile on Redis: helpers shared by every operation script.
 --
 -- This file is prepended to each operation script when it is loaded (one EVALSHA per
--- operation; Redis has no includes). It implements the steps of turnstile/_core/model.py.
+-- operation; Redis has no includes). It implements the steps of turnstile/_core/lock_machine.py.
 --
 -- Keys of one name, all under one hash tag {T} (T = a hash of the name, never the name
 -- itself) so they share a Cluster slot; every script gets them in this order:

@@ -1,5 +1,5 @@
--- Turnstile queues on Redis: helpers shared by every queue_*.lua script (prepended to each).
--- The steps of turnstile/_core/queue_model.py; times are integer microseconds on the server
+-- Turnstile queues on Redis: helpers shared by every script in this folder (prepended to each).
+-- The steps of turnstile/_core/queue_machine.py; times are integer microseconds on the server
 -- clock (TIME), read before any write (Redis replicates a script's effects).
 --
 -- Keys of one queue share the hash tag {T} (a hash of the name, never the name itself), so
@@ -30,7 +30,7 @@ local DD, DDX, WQ, WX = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local BASE = ARGV[1]
 local EXPIRED = 'visibility timeout passed before ack'
 local NACKED = 'nacked'
-local WAITER_TTL_US = 6000000 -- queue_model.WAITER_TTL
+local WAITER_TTL_US = 6000000 -- queue_machine.WAITER_TTL
 local SCAN = 200
 
 local function server_now()
@@ -113,7 +113,7 @@ local function make_ready(id, r, at)
   redis.call('ZADD', CAND, fmt(r.seq), id)
 end
 
--- queue_model.purge: time out in-flight messages; drop expired dedup entries and waiters.
+-- queue_machine.purge: time out in-flight messages; drop expired dedup entries and waiters.
 local function purge()
   local freed = 0
   local gone = redis.call('ZRANGEBYSCORE', FLY, '-inf', fmt(NOW))
@@ -136,7 +136,7 @@ local function purge()
   return freed
 end
 
--- queue_model.take_waiters: wake the `count` oldest registered waiters, one push each.
+-- queue_machine.take_waiters: wake the `count` oldest registered waiters, one push each.
 local function wake(count)
   if count <= 0 then return 0 end
   local front = redis.call('ZRANGE', WQ, 0, count - 1)

@@ -1,4 +1,5 @@
--- queue_ack: queue_model.ack. ARGV: [1] base [2] id [3] receipt. Returns 1 or 0.
+-- queue_ack: queue_machine.ack. ARGV: [1] base [2] id [3] receipt. Returns 1 or 0.
+-- KEYS: every key of the queue, in the order _lib.lua names them (META REC BODY ... WX)
 local id = ARGV[2]
 local freed = purge()
 local r = holding(id, ARGV[3])

@@ -1,4 +1,5 @@
--- queue_claim: queue_model.claim. ARGV: [1] base [2] name [3] receipt [4] visibility_us
+-- queue_claim: queue_machine.claim. ARGV: [1] base [2] name [3] receipt [4] visibility_us
+-- KEYS: every key of the queue, in the order _lib.lua names them (META REC BODY ... WX)
 -- [5] concurrency or -1 [6] max_attempts [7] waiter or ""
 -- Returns {1, id, has_key, key, body, kind, attempt, enqueued_us, deadline_us, now_us}
 --      or {0, now_us, retry_after_us or -1}.

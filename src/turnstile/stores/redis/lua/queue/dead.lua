@@ -1,4 +1,5 @@
--- queue_dead: queue_model.dead_letters. ARGV: [1] base [2] limit
+-- queue_dead: queue_machine.dead_letters. ARGV: [1] base [2] limit
+-- KEYS: every key of the queue, in the order _lib.lua names them (META REC BODY ... WX)
 -- Returns {now_us, {id, has_key, key, body, kind, attempts, enqueued_us, died_us, has_error,
 -- error}...} flattened, in seq order.
 local freed = purge()

@@ -1,4 +1,5 @@
--- queue_nack: queue_model.nack. ARGV: [1] base [2] id [3] receipt [4] delay_us
+-- queue_nack: queue_machine.nack. ARGV: [1] base [2] id [3] receipt [4] delay_us
+-- KEYS: every key of the queue, in the order _lib.lua names them (META REC BODY ... WX)
 -- [5] has_error (0|1) [6] error. Returns 1 or 0.
 local id = ARGV[2]
 local freed = purge()

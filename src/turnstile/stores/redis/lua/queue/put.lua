@@ -1,4 +1,5 @@
--- queue_put: queue_model.put. ARGV: [1] base [2] name [3] id [4] key or "" [5] body
+-- queue_put: queue_machine.put. ARGV: [1] base [2] name [3] id [4] key or "" [5] body
+-- KEYS: every key of the queue, in the order _lib.lua names them (META REC BODY ... WX)
 -- [6] kind [7] delay_us [8] dedup_id or "" [9] max_attempts [10] dedup_window_us
 -- Returns {id, created (0|1), now_us}.
 local err = check_name(ARGV[2])

@@ -1,4 +1,5 @@
--- queue_requeue: queue_model.requeue. ARGV: [1] base [2..] ids (none: every dead letter).
+-- queue_requeue: queue_machine.requeue. ARGV: [1] base [2..] ids (none: every dead letter).
+-- KEYS: every key of the queue, in the order _lib.lua names them (META REC BODY ... WX)
 -- Returns how many dead letters went back to the end of the queue.
 local freed = purge()
 local ids = dead_ids(2)

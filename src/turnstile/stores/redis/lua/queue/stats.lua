@@ -1,4 +1,5 @@
--- queue_stats: queue_model.stats. ARGV: [1] base [2] top_keys
+-- queue_stats: queue_machine.stats. ARGV: [1] base [2] top_keys
+-- KEYS: every key of the queue, in the order _lib.lua names them (META REC BODY ... WX)
 -- Returns {ready, delayed, in_flight, dead, oldest_enqueued_us or -1, now_us,
 --          {key1, n1, key2, n2, ...}} with the deepest keys first (ties by key).
 local top = tonumber(ARGV[2])

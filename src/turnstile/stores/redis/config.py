@@ -1,29 +1,13 @@
-"""The Redis backend's parts shared by the sync and async flavours (no I/O): the URL's options,
-the key layout, the Lua scripts and the decoding of their replies.
-
-Key layout (``docs/redis.md``): every key lives under the URL's ``prefix`` (default
-``turnstile:``); the keys of one name share the hash tag ``{T}``, where ``T`` is a hash of
-the name (names may hold ``{``, ``}`` and anything else, so the name itself is never part of
-a key, only stored as data), so a name lives in one Redis Cluster slot::
-
-    <prefix>{T}:d    hash  the name, limit, last fencing token, waiter sequence, and one
-                           field per holder (h:<holder>) and per waiter (w:<holder>)
-    <prefix>{T}:hx   zset  holders by lease expiry
-    <prefix>{T}:wx   zset  waiters by waiting-entry expiry
-    <prefix>{T}:wq   zset  waiters in line order
-    <prefix>{T}:s:<holder>  list  wake-up signal of one waiting holder
-"""
+"""The options of a ``redis://``, ``rediss://`` or ``redis+cluster://`` URL (no I/O), shared
+by the sync and async flavours: Turnstile's own (``prefix``) split off from redis-py's."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlunsplit
 
-from ..._core.records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
 from ..._core.urls import redact
 from ...errors import ConfigurationError
 
@@ -54,25 +38,6 @@ QUERY_OPTIONS: dict[str, str] = {
     "ssl_keyfile": _STR,
     "ssl_check_hostname": _BOOL,
 }
-OPERATIONS = ("acquire", "release", "renew", "status", "probe")
-
-
-@dataclass(frozen=True)
-class Script:
-    """One operation's Lua source and its SHA1, as EVALSHA names it."""
-
-    text: str
-    sha: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode("utf-8")).hexdigest())
-
-
-def script_text(operation: str) -> str:
-    """The Lua source of one operation: the shared library followed by the operation."""
-    folder = resources.files("turnstile.stores.redis").joinpath("lua/lock")
-    lib = folder.joinpath("_lib.lua").read_text("utf-8")
-    return lib + "\n" + folder.joinpath(f"{operation}.lua").read_text("utf-8")
 
 
 @dataclass(frozen=True)
@@ -224,127 +189,3 @@ def _host_port(item: str, shown: str) -> tuple[str, int]:
     except ValueError:
         raise ConfigurationError(f"bad port in Redis URL {shown!r}") from None
     return host or "localhost", port
-
-
-# -- keys ------------------------------------------------------------------------------------
-def name_tag(name: str) -> str:
-    """The hash tag of a name: 128 bits of SHA-256, hex. Braces in names never matter."""
-    return hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
-
-
-def key_base(prefix: str, name: str) -> str:
-    return f"{prefix}{{{name_tag(name)}}}:"
-
-
-KEY_SUFFIXES = ("d", "hx", "wx", "wq")
-
-
-def name_keys(base: str) -> list[str]:
-    return [base + suffix for suffix in KEY_SUFFIXES]
-
-
-class KeyCache:
-    """Key base and keys of recently used names (hashing a name is not free)."""
-
-    SIZE = 1024
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self._cache: dict[str, tuple[str, list[str]]] = {}
-
-    def get(self, name: str) -> tuple[str, list[str]]:
-        found = self._cache.get(name)
-        if found is None:
-            base = key_base(self.prefix, name)
-            found = (base, name_keys(base))
-            if len(self._cache) >= self.SIZE:
-                self._cache.clear()
-            self._cache[name] = found
-        return found
-
-
-def signal_key(base: str, holder: str) -> str:
-    return f"{base}s:{holder}"
-
-
-def glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def meta_pattern(prefix: str) -> str:
-    """SCAN pattern matching the metadata key of every name under ``prefix``."""
-    return glob_escape(prefix) + "{*}:d"
-
-
-def micros(seconds: float) -> int:
-    return max(1, round(seconds * 1_000_000))
-
-
-# -- replies -----------------------------------------------------------------------------------
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _seconds(us: Any) -> float:
-    return int(us) / 1_000_000
-
-
-def acquire_result(name: str, holder: str, reply: list[Any]) -> AcquireResult:
-    granted, token, acquired, expires, now, position, retry = reply
-    if int(granted) == 1:
-        grant = Grant(name, holder, int(token), _seconds(acquired), _seconds(expires))
-        return AcquireResult(grant, None, _seconds(now), None)
-    return AcquireResult(
-        None,
-        None if int(position) < 0 else int(position),
-        _seconds(now),
-        None if int(retry) < 0 else _seconds(retry),
-    )
-
-
-def renew_result(name: str, holder: str, reply: list[Any]) -> Grant | None:
-    if int(reply[0]) != 1:
-        return None
-    _, token, acquired, expires, _now = reply
-    return Grant(name, holder, int(token), _seconds(acquired), _seconds(expires))
-
-
-def status_result(name: str, reply: list[Any]) -> Status:
-    now_us, limit, flat_holders, flat_waiters = reply
-    holders = sorted(
-        (
-            HolderInfo(
-                _text(flat_holders[i]),
-                int(flat_holders[i + 1]),
-                _seconds(flat_holders[i + 2]),
-                _seconds(flat_holders[i + 3]),
-            )
-            for i in range(0, len(flat_holders), 4)
-        ),
-        key=lambda h: h.token,
-    )
-    waiters = tuple(
-        WaiterInfo(
-            _text(flat_waiters[i]),
-            i // 3,
-            _seconds(flat_waiters[i + 1]),
-            _seconds(flat_waiters[i + 2]),
-        )
-        for i in range(0, len(flat_waiters), 3)
-    )
-    limit_text = _text(limit)
-    return Status(
-        name=name,
-        limit=int(limit_text) if limit_text else None,
-        holders=tuple(holders),
-        waiters=waiters,
-        now=_seconds(now_us),
-    )
-
-
-def safe_message(exc: BaseException, config: RedisConfig) -> str:
-    """A driver error's text, with the password (if any) blotted out."""
-    text = str(exc) or type(exc).__name__
-    if config.password:
-        text = text.replace(config.password, "***")
-    return text

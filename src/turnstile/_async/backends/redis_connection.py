@@ -1,0 +1,195 @@
+"""What the Redis lock and queue backends of one client share: the clients (the one the
+scripts run on, and the ones blocked waiters BLPOP on), the one path that runs a Lua script,
+SCAN over hash tags, and the queue backend itself (made on first use). Every script reaches
+the server through :meth:`AsyncRedisConnection.run` or, behind a waiter's BLPOP,
+:meth:`AsyncRedisConnection.blpop_then_run`, both EVALSHA with the same NOSCRIPT handling.
+
+The lock backend (``redis.py``) and the queue backend (``redis_queue.py``) each hold the
+same connection and never import each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import NoScriptError
+
+from ...errors import BackendUnavailable
+from ...stores.redis import driver, scripts
+from ...stores.redis.config import RedisConfig
+from .. import _compat
+from .redis_queue import AsyncRedisQueueBackend
+
+DRIVER_ERRORS = driver.DRIVER_ERRORS
+# Every script is idempotent (acquire per holder, release/renew per token, queue operations
+# per id and receipt), so a command whose connection dropped is simply sent again, briefly.
+RETRIES = 3
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=0.25, base=0.01), RETRIES)
+
+
+def make_client(config: RedisConfig, options: dict[str, Any]) -> Any:
+    if config.cluster:
+        return RedisCluster(
+            startup_nodes=[
+                ClusterNode(host, port)  # type: ignore[no-untyped-call,unused-ignore]
+                for host, port in config.startup_nodes
+            ],
+            username=config.username,
+            password=config.password,
+            ssl=config.ssl,
+            retry=_retry(),
+            **options,
+        )
+    return Redis.from_url(config.url, retry=_retry(), **options)
+
+
+class AsyncRedisConnection:
+    def __init__(self, config: RedisConfig) -> None:
+        self.config = config
+        self.client = make_client(config, config.options)
+        self._blocking: Any = None
+        self._blocking_nodes: dict[tuple[str, int], Any] = {}
+        self._queues: AsyncRedisQueueBackend | None = None
+
+    def queues(self) -> AsyncRedisQueueBackend:
+        """The queue operations on this server, sharing this connection."""
+        if self._queues is None:
+            self._queues = AsyncRedisQueueBackend(self)
+        return self._queues
+
+    def unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
+        return driver.unavailable(self.config, what, exc)
+
+    def blocking_client(self, key: str) -> Any:
+        """A client of its own for BLPOP, so blocked waiters never hold the connections the
+        scripts run on; created on the first wait (the fast path never needs it). In a
+        Cluster, a plain client of the node that owns ``key``'s slot (as the Cluster client
+        last saw it; a MOVED answer makes the waiter fall back to an acquire step through
+        the Cluster client, which learns the new owner)."""
+        if not self.config.cluster:
+            if self._blocking is None:
+                self._blocking = make_client(self.config, self.config.blocking_options())
+            return self._blocking
+        node = self.client.get_node_from_key(key)
+        address = (str(node.host), int(node.port))
+        client = self._blocking_nodes.get(address)
+        if client is None:
+            client = Redis(
+                host=address[0],
+                port=address[1],
+                username=self.config.username,
+                password=self.config.password,
+                ssl=self.config.ssl,
+                retry=_retry(),
+                **self.config.blocking_options(),
+            )
+            self._blocking_nodes[address] = client
+        return client
+
+    async def run(
+        self,
+        script: scripts.Script,
+        keys: list[str],
+        args: list[Any],
+        what: str,
+        *,
+        cancellable: bool = True,
+    ) -> Any:
+        """Run one script: EVALSHA, and on NOSCRIPT (first use, or a restart or failover
+        emptied the server's cache) SCRIPT LOAD and EVALSHA again. ``what`` names the
+        operation in the error a driver failure becomes. ``cancellable``: a reply that
+        arrives after the caller was cancelled counts as interrupted (the lock steps, whose
+        callers clean up after a cancelled step)."""
+        cancels = _compat.cancel_count()
+        try:
+            try:
+                reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self.client.script_load(script.text)
+                reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except DRIVER_ERRORS as exc:
+            if cancellable:
+                _compat.raise_if_cancelled_since(cancels)
+            raise self.unavailable(what, exc) from exc
+        if cancellable:
+            # redis-py may finish a command although its task was cancelled meanwhile.
+            _compat.raise_if_cancelled_since(cancels)
+        return reply
+
+    async def blpop_then_run(
+        self,
+        client: Any,
+        key: str,
+        block: float,
+        script: scripts.Script,
+        keys: list[str],
+        args: list[Any],
+    ) -> tuple[Any, Any, float]:
+        """BLPOP ``key`` on the blocking ``client`` with ``script`` pipelined right behind it,
+        so Redis runs the script the moment the BLPOP returns: (what BLPOP popped, the
+        script's reply or None if it did not run, the local time it was sent). A driver
+        error of the BLPOP is raised; on NOSCRIPT the script is loaded for the next time and
+        this run is lost (the caller's next step sends it again)."""
+        pipe = client.pipeline(transaction=False)
+        pipe.blpop([key], timeout=block)
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        sent = time.monotonic()
+        popped, reply = await pipe.execute(raise_on_error=False)
+        if isinstance(popped, BaseException):
+            raise popped
+        if isinstance(reply, NoScriptError):
+            await client.script_load(script.text)
+            return popped, None, sent
+        return popped, reply, sent
+
+    async def scan_names(
+        self,
+        pattern: str,
+        suffix: str,
+        probe: Callable[[str], Any],
+        prefix: str,
+        max_count: int,
+    ) -> list[str]:
+        """Names behind hash tags: SCAN (every master of a Cluster) for the keys matching
+        ``pattern``, cut ``suffix`` off each to get its key base, and ask ``probe(base)``
+        for the name ('' when it has nothing to show); the first ``max_count`` of those
+        starting with ``prefix``, in code-point order."""
+        bases: list[str] = []
+        try:
+            async for raw in self.client.scan_iter(match=pattern, count=1000):
+                key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+                bases.append(key[: -len(suffix)])
+        except DRIVER_ERRORS as exc:
+            raise self.unavailable("SCAN", exc) from exc
+        found: set[str] = set()
+        for base in bases:
+            reply = await probe(base)
+            name = reply.decode("utf-8") if isinstance(reply, bytes) else str(reply)
+            if name and name.startswith(prefix):
+                found.add(name)
+        return sorted(found)[:max_count]
+
+    async def ping(self) -> None:
+        try:
+            await self.client.ping()
+        except DRIVER_ERRORS as exc:
+            raise self.unavailable("PING", exc) from exc
+
+    async def close(self) -> None:
+        clients = [self.client, self._blocking, *self._blocking_nodes.values()]
+        self._blocking = None
+        self._blocking_nodes = {}
+        for client in clients:
+            if client is not None:
+                with contextlib.suppress(*DRIVER_ERRORS):
+                    await client.aclose()

@@ -1,0 +1,971 @@
+-- Turnstile's PostgreSQL schema as it is now (version 4): every table, index and function,
+-- each in its current version. Read this file to see what a schema holds; the migrations
+-- (migrations/0001..0004) are how a schema gets there and stay as deployed databases applied
+-- them. A new schema is still made by running the migrations in order (see sql.py), and
+-- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
+-- (tables, columns, indexes, constraints and the text of every function).
+--
+-- __SCHEMA__ is replaced by the quoted schema name and __CHANNEL__ by the quoted NOTIFY
+-- channel of that schema.
+--
+-- Every operation is one call of a function below, in its own (autocommit) transaction: it
+-- locks the name's (or queue's) row first (SELECT ... FOR UPDATE), reads the clock after
+-- taking the lock (clock_timestamp()) and follows turnstile/_core/lock_machine.py (queues:
+-- queue_machine.py) step for step. Nothing relies on session state, so the functions work
+-- through a transaction pooler.
+--
+-- Wake-ups: a lock waiter joins the line naming the channel its client LISTENs on (one
+-- random channel per client) and its wake key (wake_key(name, holder), computed by the
+-- client); the release that grants it notifies that channel only, with the grant in the
+-- payload:
+--
+--     <wake_key> <seq> <token> <acquired_at> <expires_at>
+--
+-- (seq: the waiting entry the grant was made for; times: epoch seconds on the database
+-- clock). A blocked queue consumer is woken the same way with queue_wake_key(name, waiter).
+-- Entries without a channel (joined through the 7-argument acquire or queue_claim, kept for
+-- clients of an older release during an upgrade) are woken on the schema's channel with the
+-- bare wake key. A channel of '' means the client does not listen (listen=off): no NOTIFY.
+
+-- == Tables ====================================================================================
+
+-- One row per name that has been used recently. The row is the name's lock (every operation
+-- on the name locks it first) and its fencing-token counter.
+CREATE TABLE __SCHEMA__.names (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- sha256 of the name: names may be up to 4 KiB, longer than a btree entry may be.
+    key         bytea NOT NULL UNIQUE,
+    name        text COLLATE "C" NOT NULL,
+    -- The limit last asked for (semaphores; 1 for locks).
+    lim         integer NOT NULL,
+    -- The last fencing token issued on this name. The next is
+    -- max(last_token + 1, clock in microseconds) (model.clock_token).
+    last_token  bigint NOT NULL DEFAULT 0,
+    -- When the name last became idle (no holders, no waiters); NULL while in use. Idle rows
+    -- are forgotten a day later (see _forget_idle), when the clock has moved far past
+    -- last_token, so a recreated row still never repeats a token.
+    idle_since  timestamptz
+) WITH (fillfactor = 70);
+
+CREATE INDEX names_idle ON __SCHEMA__.names (idle_since) WHERE idle_since IS NOT NULL;
+
+-- Leases. claimed = false: handed over to a waiter that has not picked it up yet; such a
+-- grant lasts min(ttl, wait_ttl) until the waiter's next acquire claims it for its ttl.
+CREATE TABLE __SCHEMA__.holders (
+    name_id     bigint NOT NULL,
+    holder      text COLLATE "C" NOT NULL,
+    token       bigint NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    claimed     boolean NOT NULL,
+    PRIMARY KEY (name_id, holder)
+) WITH (fillfactor = 70);
+
+-- The line, in arrival order: seq comes from an identity sequence, which never goes back.
+CREATE TABLE __SCHEMA__.waiters (
+    seq         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name_id     bigint NOT NULL,
+    holder      text COLLATE "C" NOT NULL,
+    ttl         double precision NOT NULL,
+    wait_ttl    double precision NOT NULL,
+    joined_at   timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    channel     text,  -- the waiting client's LISTEN channel ('' none; NULL: the schema's)
+    wake        text,  -- its wake key there (wake_key(name, holder))
+    UNIQUE (name_id, holder)
+);
+
+CREATE INDEX waiters_line ON __SCHEMA__.waiters (name_id, seq);
+
+CREATE TABLE __SCHEMA__.queues (
+    id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key  bytea NOT NULL UNIQUE,          -- sha256 of the name (names may be up to 4 KiB)
+    name text COLLATE "C" NOT NULL
+);
+
+-- Every message not yet acked; seq (an identity, never going back) is the arrival order.
+-- state: 0 ready (due at available_at), 1 in flight (until deadline, with receipt), 2 dead.
+-- kind: 0 JSON text, 1 raw bytes.
+CREATE TABLE __SCHEMA__.queue_messages (
+    seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue_id     bigint NOT NULL,
+    id           text COLLATE "C" NOT NULL,
+    key          text COLLATE "C",
+    body         bytea NOT NULL,
+    kind         smallint NOT NULL,
+    enqueued_at  timestamptz NOT NULL,
+    available_at timestamptz NOT NULL,
+    attempts     integer NOT NULL,
+    max_attempts integer NOT NULL,
+    state        smallint NOT NULL,
+    receipt      text COLLATE "C",
+    deadline     timestamptz,
+    error        text,
+    died_at      timestamptz,
+    UNIQUE (queue_id, id)
+);
+
+CREATE INDEX queue_messages_by_state ON __SCHEMA__.queue_messages (queue_id, state, seq);
+
+CREATE INDEX queue_messages_by_key ON __SCHEMA__.queue_messages (queue_id, key, seq)
+    WHERE state < 2;
+
+CREATE INDEX queue_messages_by_deadline ON __SCHEMA__.queue_messages (queue_id, deadline)
+    WHERE state = 1;
+
+CREATE INDEX queue_messages_by_due ON __SCHEMA__.queue_messages (queue_id, available_at)
+    WHERE state = 0;
+
+CREATE TABLE __SCHEMA__.queue_dedup (
+    queue_id   bigint NOT NULL,
+    dedup_id   text COLLATE "C" NOT NULL,
+    id         text COLLATE "C" NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (queue_id, dedup_id)
+);
+
+CREATE INDEX queue_dedup_expiry ON __SCHEMA__.queue_dedup (queue_id, expires_at);
+
+-- Blocked consumers, oldest first.
+CREATE TABLE __SCHEMA__.queue_waiters (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue_id   bigint NOT NULL,
+    waiter     text COLLATE "C" NOT NULL,
+    expires_at timestamptz NOT NULL,
+    channel    text,  -- the consumer's client's LISTEN channel (NULL: the schema's)
+    UNIQUE (queue_id, waiter)
+);
+
+-- == Locks ======================================================================================
+
+-- The NOTIFY payload that wakes one waiter: 128 bits of sha256(name NUL holder), hex.
+-- Names and holders never contain NUL, so the encoding is unambiguous; the client computes
+-- the same key (turnstile.stores.postgres.sql.wake_key) to find the waiter to wake.
+CREATE FUNCTION __SCHEMA__.wake_key(p_name text, p_holder text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+    SELECT left(encode(sha256(convert_to(p_name, 'UTF8') || '\x00'::bytea
+                              || convert_to(p_holder, 'UTF8')), 'hex'), 32)
+$$;
+
+-- Forget a few names idle for more than a day (bounded work, never waits for a lock).
+CREATE FUNCTION __SCHEMA__._forget_idle(p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_horizon timestamptz := p_now - interval '1 day';
+BEGIN
+    DELETE FROM __SCHEMA__.names n
+    WHERE n.id IN (
+        SELECT i.id FROM __SCHEMA__.names i
+        WHERE i.idle_since IS NOT NULL AND i.idle_since < v_horizon
+          AND i.last_token < floor(extract(epoch FROM v_horizon) * 1000000)::bigint
+        ORDER BY i.idle_since
+        LIMIT 8
+        FOR UPDATE SKIP LOCKED);
+END
+$$;
+
+-- Lock the row of p_name, creating it (with limit p_limit) unless p_limit is NULL.
+-- o_id is NULL when the row does not exist and was not to be created. p_now: see acquire.
+CREATE FUNCTION __SCHEMA__._lock_name(
+    p_name text, p_limit integer, p_now timestamptz,
+    OUT o_id bigint, OUT o_lim integer, OUT o_last bigint)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_key bytea := sha256(convert_to(p_name, 'UTF8'));
+    v_inserted integer;
+BEGIN
+    -- A concurrent _forget_idle may delete the row between our INSERT ... DO NOTHING and
+    -- the SELECT; then we go round again. Bounded, though twice is already rare.
+    FOR attempt IN 1..50 LOOP
+        SELECT n.id, n.lim, n.last_token INTO o_id, o_lim, o_last
+        FROM __SCHEMA__.names n WHERE n.key = v_key
+        FOR UPDATE;
+        IF FOUND OR p_limit IS NULL THEN
+            RETURN;
+        END IF;
+        INSERT INTO __SCHEMA__.names (key, name, lim) VALUES (v_key, p_name, p_limit)
+        ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS v_inserted = ROW_COUNT;
+        IF v_inserted > 0 THEN
+            -- A new name: keep the table from growing without bound.
+            PERFORM __SCHEMA__._forget_idle(coalesce(p_now, clock_timestamp()));
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'turnstile: could not lock the row of a name' USING ERRCODE = '55P03';
+END
+$$;
+
+-- model.promote on others' behalf, as in version 1, plus: the wake-up goes to the waiter's
+-- own channel with the grant in it (see above); p_holders, when the caller already knows how
+-- many holders are left, saves counting them; and an expired entry met at the front is
+-- dropped and skipped, so a caller need not sweep the whole line first (release does not).
+CREATE FUNCTION __SCHEMA__._promote(
+    p_id bigint, p_name text, p_limit integer, p_now timestamptz, p_last bigint,
+    p_quiet text, p_holders integer DEFAULT NULL, OUT o_last bigint, OUT o_holders integer)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    w record;
+    v_exp timestamptz;
+BEGIN
+    o_last := p_last;
+    o_holders := p_holders;
+    IF o_holders IS NULL THEN
+        SELECT count(*) INTO o_holders FROM __SCHEMA__.holders h WHERE h.name_id = p_id;
+    END IF;
+    WHILE o_holders < p_limit LOOP
+        DELETE FROM __SCHEMA__.waiters d
+        WHERE d.seq = (SELECT f.seq FROM __SCHEMA__.waiters f WHERE f.name_id = p_id
+                       ORDER BY f.seq LIMIT 1)
+        RETURNING d.seq, d.holder, d.ttl, d.wait_ttl, d.expires_at, d.channel, d.wake INTO w;
+        EXIT WHEN NOT FOUND;
+        CONTINUE WHEN w.expires_at <= p_now;
+        o_last := greatest(o_last + 1, floor(extract(epoch FROM p_now) * 1000000)::bigint);
+        v_exp := p_now + least(w.ttl, w.wait_ttl) * interval '1 second';
+        -- A holder is never also waiting (acquire returns early for a holder), so this
+        -- insert cannot conflict.
+        INSERT INTO __SCHEMA__.holders (name_id, holder, token, acquired_at, expires_at, claimed)
+        VALUES (p_id, w.holder, o_last, p_now, v_exp, false);
+        IF w.holder IS DISTINCT FROM p_quiet THEN
+            IF w.channel IS NULL THEN
+                PERFORM pg_notify(__CHANNEL__, __SCHEMA__.wake_key(p_name, w.holder));
+            ELSIF w.channel <> '' THEN
+                PERFORM pg_notify(w.channel, concat_ws(' ', w.wake, w.seq, o_last,
+                    extract(epoch FROM p_now), extract(epoch FROM v_exp)));
+            END IF;
+        END IF;
+        o_holders := o_holders + 1;
+    END LOOP;
+END
+$$;
+
+-- Write back the name's counter and limit, and note when it became idle.
+CREATE FUNCTION __SCHEMA__._settle(
+    p_id bigint, p_now timestamptz, p_last bigint, p_limit integer) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_idle boolean;
+BEGIN
+    v_idle := NOT EXISTS (SELECT 1 FROM __SCHEMA__.holders h WHERE h.name_id = p_id)
+          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = p_id);
+    UPDATE __SCHEMA__.names n
+    SET last_token = p_last,
+        lim = p_limit,
+        idle_since = CASE WHEN v_idle THEN coalesce(n.idle_since, p_now) END
+    WHERE n.id = p_id
+      AND (n.last_token <> p_last OR n.lim <> p_limit
+           OR (n.idle_since IS NULL) = v_idle);
+END
+$$;
+
+-- model.acquire, as in version 1, plus: p_channel and p_wake (where to send this waiter's
+-- wake-up and the key naming it there, see above; required, so a call of the version-2
+-- signature never matches this one) and the output wait_id (the seq of the caller's waiting
+-- entry, which a wake-up names).
+CREATE FUNCTION __SCHEMA__.acquire(
+    p_name text, p_holder text, p_limit integer, p_ttl double precision,
+    p_wait_ttl double precision, p_enqueue boolean, p_now timestamptz, p_channel text,
+    p_wake text,
+    OUT granted boolean, OUT token bigint, OUT acquired_at double precision,
+    OUT expires_at double precision, OUT queue_position integer, OUT now double precision,
+    OUT retry_after double precision, OUT wait_id bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_last bigint;
+    v_holders integer;
+    v_now timestamptz;
+    v_token bigint;
+    v_acq timestamptz;
+    v_exp timestamptz;
+    v_claimed boolean;
+    v_seq bigint;
+    v_min timestamptz;
+    v_live integer;
+    v_mine boolean;
+BEGIN
+    SELECT n.id, n.last_token INTO v_id, v_last
+    FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        -- a new name (or one being forgotten right now): create its row
+        SELECT l.o_id, l.o_last INTO v_id, v_last
+        FROM __SCHEMA__._lock_name(p_name, p_limit, p_now) l;
+    END IF;
+    v_now := coalesce(p_now, clock_timestamp());
+    now := extract(epoch FROM v_now);
+    granted := false;
+
+    -- Fast path, the common case of a free name: nobody in line (not even an expired entry)
+    -- and a free slot that is not already ours. Then model.acquire purges expired leases,
+    -- has nobody to promote, and grants the caller at once: do just that, in five
+    -- statements (with the row lock above) instead of about twelve. (The outer count sees
+    -- the rows as they were before the DELETE.)
+    WITH gone AS (
+        DELETE FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at <= v_now
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM __SCHEMA__.holders h WHERE h.name_id = v_id) - count(*),
+           EXISTS (SELECT 1 FROM __SCHEMA__.holders h
+                   WHERE h.name_id = v_id AND h.holder = p_holder)
+    INTO v_live, v_mine FROM gone;
+    IF v_live < p_limit AND NOT v_mine
+       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
+        v_last := greatest(v_last + 1, floor(extract(epoch FROM v_now) * 1000000)::bigint);
+        INSERT INTO __SCHEMA__.holders (name_id, holder, token, acquired_at, expires_at, claimed)
+        VALUES (v_id, p_holder, v_last, v_now, v_now + p_ttl * interval '1 second', true);
+        UPDATE __SCHEMA__.names n SET last_token = v_last, lim = p_limit, idle_since = NULL
+        WHERE n.id = v_id;
+        granted := true;
+        token := v_last;
+        acquired_at := now;
+        expires_at := extract(epoch FROM v_now + p_ttl * interval '1 second');
+        RETURN;
+    END IF;
+
+    DELETE FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at <= v_now;
+    DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
+    SELECT p.o_last, p.o_holders INTO v_last, v_holders
+    FROM __SCHEMA__._promote(v_id, p_name, p_limit, v_now, v_last, p_holder) p;
+
+    SELECT h.token, h.acquired_at, h.expires_at, h.claimed
+    INTO v_token, v_acq, v_exp, v_claimed
+    FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.holder = p_holder;
+    IF FOUND THEN
+        granted := true;
+        IF NOT v_claimed THEN
+            -- our own grant, handed over while we waited: claim it for the full ttl
+            v_exp := v_now + p_ttl * interval '1 second';
+            UPDATE __SCHEMA__.holders h SET claimed = true, expires_at = v_exp
+            WHERE h.name_id = v_id AND h.holder = p_holder;
+        END IF;
+    ELSE
+        -- keep our place
+        UPDATE __SCHEMA__.waiters w
+        SET ttl = p_ttl, wait_ttl = p_wait_ttl,
+            expires_at = v_now + p_wait_ttl * interval '1 second',
+            channel = p_channel, wake = p_wake
+        WHERE w.name_id = v_id AND w.holder = p_holder
+        RETURNING w.seq INTO v_seq;
+        IF NOT FOUND THEN
+            IF v_holders < p_limit
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
+                -- an empty line and a free slot: ours at once, claimed
+                granted := true;
+                v_last := greatest(v_last + 1, floor(extract(epoch FROM v_now) * 1000000)::bigint);
+                v_token := v_last;
+                v_acq := v_now;
+                v_exp := v_now + p_ttl * interval '1 second';
+                INSERT INTO __SCHEMA__.holders
+                    (name_id, holder, token, acquired_at, expires_at, claimed)
+                VALUES (v_id, p_holder, v_token, v_acq, v_exp, true);
+            ELSIF p_enqueue THEN
+                INSERT INTO __SCHEMA__.waiters
+                    (name_id, holder, ttl, wait_ttl, joined_at, expires_at, channel, wake)
+                VALUES (v_id, p_holder, p_ttl, p_wait_ttl, v_now,
+                        v_now + p_wait_ttl * interval '1 second', p_channel, p_wake)
+                RETURNING seq INTO v_seq;
+            END IF;
+        END IF;
+    END IF;
+
+    IF granted THEN
+        token := v_token;
+        acquired_at := extract(epoch FROM v_acq);
+        expires_at := extract(epoch FROM v_exp);
+    ELSE
+        wait_id := v_seq;
+        IF v_seq IS NOT NULL THEN
+            SELECT count(*) INTO queue_position
+            FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.seq < v_seq;
+        END IF;
+        SELECT min(h.expires_at) INTO v_min FROM __SCHEMA__.holders h WHERE h.name_id = v_id;
+        IF v_min IS NOT NULL THEN
+            retry_after := greatest(0, extract(epoch FROM v_min) - extract(epoch FROM v_now));
+        END IF;
+    END IF;
+    -- Never idle after an acquire: it holds, waits, or found the name busy.
+    UPDATE __SCHEMA__.names n SET last_token = v_last, lim = p_limit, idle_since = NULL
+    WHERE n.id = v_id
+      AND (n.last_token <> v_last OR n.lim <> p_limit OR n.idle_since IS NOT NULL);
+END
+$$;
+
+-- The version-2 acquire (7 arguments), still called by a client of the previous release
+-- running during an upgrade: the same state machine, so it is the function above with no
+-- wake channel (NULL: such a waiter is woken on the schema's channel, as before).
+CREATE FUNCTION __SCHEMA__.acquire(
+    p_name text, p_holder text, p_limit integer, p_ttl double precision,
+    p_wait_ttl double precision, p_enqueue boolean, p_now timestamptz DEFAULT NULL,
+    OUT granted boolean, OUT token bigint, OUT acquired_at double precision,
+    OUT expires_at double precision, OUT queue_position integer, OUT now double precision,
+    OUT retry_after double precision)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.granted, a.token, a.acquired_at, a.expires_at, a.queue_position, a.now,
+           a.retry_after
+    FROM __SCHEMA__.acquire(p_name, p_holder, p_limit, p_ttl, p_wait_ttl, p_enqueue, p_now,
+                            NULL::text, NULL::text) a
+$$;
+
+-- model.release, as in version 1, in fewer statements (see the top of this file): the row
+-- locked inline; expired leases and ours dropped in one statement, which also counts the
+-- holders left for the promotion; no sweep of the whole line (the promotion drops expired
+-- waiting entries as it meets them at the front; one further back is never granted,
+-- counted or shown, and the next acquire sweeps it); idle known from the promotion's count.
+CREATE FUNCTION __SCHEMA__.release(
+    p_name text, p_holder text, p_token bigint, p_now timestamptz DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_lim integer;
+    v_last bigint;
+    v_now timestamptz;
+    v_mine integer;
+    v_waiting integer := 0;
+    v_holders integer;
+BEGIN
+    -- A row deleted meanwhile by _forget_idle is skipped: the name is idle, nothing to do.
+    SELECT n.id, n.lim, n.last_token INTO v_id, v_lim, v_last
+    FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_now := coalesce(p_now, clock_timestamp());
+    -- Expired leases go; ours (with p_token, if given) too, and counts as released only if
+    -- it had not expired. The outer count sees the rows as they were before the DELETE.
+    WITH gone AS (
+        DELETE FROM __SCHEMA__.holders h
+        WHERE h.name_id = v_id
+          AND (h.expires_at <= v_now
+               OR (h.holder = p_holder AND (p_token IS NULL OR h.token = p_token)))
+        RETURNING h.holder, h.expires_at)
+    SELECT count(*) FILTER (WHERE g.holder = p_holder AND g.expires_at > v_now),
+           (SELECT count(*) FROM __SCHEMA__.holders h WHERE h.name_id = v_id) - count(*)
+    INTO v_mine, v_holders FROM gone g;
+    IF p_token IS NULL THEN
+        -- Without a token, our own place in line goes too (if it had not expired).
+        DELETE FROM __SCHEMA__.waiters w
+        WHERE w.name_id = v_id AND w.holder = p_holder AND w.expires_at > v_now;
+        GET DIAGNOSTICS v_waiting = ROW_COUNT;
+    END IF;
+    SELECT p.o_last, p.o_holders INTO v_last, v_holders
+    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL, v_holders) p;
+    -- No holder after promoting means nobody waits either (the limit is at least 1): idle.
+    UPDATE __SCHEMA__.names n
+    SET last_token = v_last,
+        idle_since = CASE WHEN v_holders = 0 THEN coalesce(n.idle_since, v_now) END
+    WHERE n.id = v_id
+      AND (n.last_token <> v_last OR (n.idle_since IS NULL) = (v_holders = 0));
+    RETURN v_mine > 0 OR v_waiting > 0;
+END
+$$;
+
+-- model.renew: extend (holder, token) to now + ttl; renewed = false means it is gone.
+CREATE FUNCTION __SCHEMA__.renew(
+    p_name text, p_holder text, p_token bigint, p_ttl double precision,
+    p_now timestamptz DEFAULT NULL,
+    OUT renewed boolean, OUT acquired_at double precision, OUT expires_at double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_now timestamptz;
+    v_acq timestamptz;
+    v_exp timestamptz;
+BEGIN
+    renewed := false;
+    SELECT l.o_id INTO v_id FROM __SCHEMA__._lock_name(p_name, NULL, p_now) l;
+    IF v_id IS NULL THEN
+        RETURN;
+    END IF;
+    v_now := coalesce(p_now, clock_timestamp());
+    UPDATE __SCHEMA__.holders h
+    SET expires_at = v_now + p_ttl * interval '1 second', claimed = true
+    WHERE h.name_id = v_id AND h.holder = p_holder AND h.token = p_token
+      AND h.expires_at > v_now
+    RETURNING h.acquired_at, h.expires_at INTO v_acq, v_exp;
+    IF FOUND THEN
+        renewed := true;
+        acquired_at := extract(epoch FROM v_acq);
+        expires_at := extract(epoch FROM v_exp);
+    END IF;
+END
+$$;
+
+-- model.status: a consistent snapshot (STABLE: one snapshot for the whole call).
+-- lim is NULL when the name has no rows at all.
+CREATE FUNCTION __SCHEMA__.status(
+    p_name text, p_now timestamptz DEFAULT NULL,
+    OUT lim integer, OUT now double precision, OUT holders json, OUT waiters json)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_lim integer;
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    now := extract(epoch FROM v_now);
+    holders := '[]';
+    waiters := '[]';
+    SELECT n.id, n.lim INTO v_id, v_lim
+    FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'));
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.holders h WHERE h.name_id = v_id)
+       OR EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
+        lim := v_lim;
+    END IF;
+    SELECT coalesce(json_agg(json_build_array(h.holder, h.token, extract(epoch FROM h.acquired_at),
+                                              extract(epoch FROM h.expires_at))
+                             ORDER BY h.token), '[]')
+    INTO holders
+    FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at > v_now;
+    SELECT coalesce(json_agg(json_build_array(w.holder, extract(epoch FROM w.joined_at),
+                                              extract(epoch FROM w.expires_at))
+                             ORDER BY w.seq), '[]')
+    INTO waiters
+    FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at > v_now;
+END
+$$;
+
+-- Names with an unexpired holder or waiter, in code-point order (COLLATE "C").
+CREATE FUNCTION __SCHEMA__.names_in_use(
+    p_prefix text, p_max integer, p_now timestamptz DEFAULT NULL)
+RETURNS SETOF text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT n.name FROM __SCHEMA__.names n
+    WHERE n.id IN (
+        SELECT h.name_id FROM __SCHEMA__.holders h
+        WHERE h.expires_at > coalesce(p_now, clock_timestamp())
+        UNION
+        SELECT w.name_id FROM __SCHEMA__.waiters w
+        WHERE w.expires_at > coalesce(p_now, clock_timestamp()))
+      AND starts_with(n.name, p_prefix)
+    ORDER BY n.name
+    LIMIT p_max
+$$;
+
+-- == Queues =====================================================================================
+
+-- The NOTIFY payload that wakes one queue waiter: 128 bits of
+-- sha256(NUL "queue" NUL name NUL waiter), hex (lock names never start with NUL, so it never
+-- equals a lock's wake_key). turnstile.stores.postgres.sql.wake_key(..., queue=True) computes
+-- the same.
+CREATE FUNCTION __SCHEMA__.queue_wake_key(p_name text, p_waiter text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+    SELECT left(encode(sha256('\x00'::bytea || convert_to('queue', 'UTF8') || '\x00'::bytea
+                              || convert_to(p_name, 'UTF8') || '\x00'::bytea
+                              || convert_to(p_waiter, 'UTF8')), 'hex'), 32)
+$$;
+
+-- Lock the row of queue p_name (creating it); every queue operation starts here.
+CREATE FUNCTION __SCHEMA__._queue_lock(p_name text) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key bytea := sha256(convert_to(p_name, 'UTF8'));
+    v_id bigint;
+BEGIN
+    FOR attempt IN 1..50 LOOP
+        SELECT q.id INTO v_id FROM __SCHEMA__.queues q WHERE q.key = v_key FOR UPDATE;
+        IF FOUND THEN
+            RETURN v_id;
+        END IF;
+        INSERT INTO __SCHEMA__.queues (key, name) VALUES (v_key, p_name) ON CONFLICT DO NOTHING;
+    END LOOP;
+    RAISE EXCEPTION 'turnstile: could not lock the row of a queue' USING ERRCODE = '55P03';
+END
+$$;
+
+-- queue_model.purge: time out in-flight messages past their deadline (dead letter after
+-- max_attempts), drop expired dedup entries and waiters. Returns how many left flight.
+CREATE FUNCTION __SCHEMA__._queue_purge(p_qid bigint, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_dead integer;
+    v_back integer;
+BEGIN
+    UPDATE __SCHEMA__.queue_messages m
+    SET state = 2, died_at = m.deadline, receipt = NULL,
+        error = 'visibility timeout passed before ack'
+    WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now
+      AND m.attempts >= m.max_attempts;
+    GET DIAGNOSTICS v_dead = ROW_COUNT;
+    UPDATE __SCHEMA__.queue_messages m
+    SET state = 0, available_at = m.deadline, receipt = NULL,
+        error = 'visibility timeout passed before ack'
+    WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now;
+    GET DIAGNOSTICS v_back = ROW_COUNT;
+    DELETE FROM __SCHEMA__.queue_dedup d WHERE d.queue_id = p_qid AND d.expires_at <= p_now;
+    DELETE FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = p_qid AND w.expires_at <= p_now;
+    RETURN v_dead + v_back;
+END
+$$;
+
+-- queue_model.take_waiters, as in version 2, on each waiter's own channel where it named one.
+CREATE FUNCTION __SCHEMA__._queue_wake(p_qid bigint, p_name text, p_count integer)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    w record;
+BEGIN
+    IF p_count <= 0 THEN
+        RETURN;
+    END IF;
+    FOR w IN
+        DELETE FROM __SCHEMA__.queue_waiters d
+        WHERE d.seq IN (SELECT f.seq FROM __SCHEMA__.queue_waiters f WHERE f.queue_id = p_qid
+                        ORDER BY f.seq LIMIT p_count)
+        RETURNING d.waiter, d.channel
+    LOOP
+        PERFORM pg_notify(coalesce(nullif(w.channel, ''), __CHANNEL__),
+                          __SCHEMA__.queue_wake_key(p_name, w.waiter));
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_put(
+    p_name text, p_id text, p_key text, p_body bytea, p_kind smallint,
+    p_delay double precision, p_dedup_id text, p_max_attempts integer,
+    p_dedup_window double precision, p_now timestamptz DEFAULT NULL,
+    OUT o_id text, OUT o_created boolean, OUT o_now double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+BEGIN
+    o_now := extract(epoch FROM v_now);
+    o_created := false;
+    IF p_dedup_id IS NOT NULL THEN
+        SELECT d.id INTO o_id FROM __SCHEMA__.queue_dedup d
+        WHERE d.queue_id = v_qid AND d.dedup_id = p_dedup_id;
+        IF FOUND THEN
+            PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+            RETURN;
+        END IF;
+    END IF;
+    o_id := p_id;
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+               WHERE m.queue_id = v_qid AND m.id = p_id) THEN
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+        RETURN;
+    END IF;
+    INSERT INTO __SCHEMA__.queue_messages (queue_id, id, key, body, kind, enqueued_at,
+        available_at, attempts, max_attempts, state)
+    VALUES (v_qid, p_id, p_key, p_body, p_kind, v_now,
+            v_now + p_delay * interval '1 second', 0, p_max_attempts, 0);
+    IF p_dedup_id IS NOT NULL THEN
+        INSERT INTO __SCHEMA__.queue_dedup (queue_id, dedup_id, id, expires_at)
+        VALUES (v_qid, p_dedup_id, p_id, v_now + p_dedup_window * interval '1 second');
+    END IF;
+    o_created := true;
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1);
+END
+$$;
+
+-- queue_model.claim: hand out the ready, due message with the smallest seq that heads its
+-- key (no earlier pending message of the key), unless p_concurrency are in flight; else
+-- register p_waiter (if given) and say when to look again.
+CREATE FUNCTION __SCHEMA__.queue_claim(
+    p_name text, p_receipt text, p_visibility double precision, p_concurrency integer,
+    p_max_attempts integer, p_waiter text, p_now timestamptz DEFAULT NULL,
+    OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
+    OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
+    OUT o_now double precision, OUT o_retry_after double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_seq bigint;
+    v_deadline timestamptz;
+    v_next timestamptz;
+BEGIN
+    o_now := extract(epoch FROM v_now);
+    o_found := false;
+    IF p_concurrency IS NULL OR (SELECT count(*) FROM __SCHEMA__.queue_messages m
+                                 WHERE m.queue_id = v_qid AND m.state = 1) < p_concurrency THEN
+        SELECT m.seq INTO v_seq FROM __SCHEMA__.queue_messages m
+        WHERE m.queue_id = v_qid AND m.state = 0 AND m.available_at <= v_now
+          AND (m.key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM __SCHEMA__.queue_messages o
+              WHERE o.queue_id = v_qid AND o.key = m.key AND o.state < 2 AND o.seq < m.seq))
+        ORDER BY m.seq
+        LIMIT 1;
+    END IF;
+    IF v_seq IS NULL THEN
+        IF p_waiter IS NOT NULL THEN
+            INSERT INTO __SCHEMA__.queue_waiters (queue_id, waiter, expires_at)
+            VALUES (v_qid, p_waiter, v_now + interval '6 seconds')  -- queue_model.WAITER_TTL
+            ON CONFLICT (queue_id, waiter) DO UPDATE SET expires_at = excluded.expires_at;
+        END IF;
+        SELECT least(
+            (SELECT min(m.available_at) FROM __SCHEMA__.queue_messages m
+             WHERE m.queue_id = v_qid AND m.state = 0 AND m.available_at > v_now),
+            (SELECT min(m.deadline) FROM __SCHEMA__.queue_messages m
+             WHERE m.queue_id = v_qid AND m.state = 1)) INTO v_next;
+        IF v_next IS NOT NULL THEN
+            o_retry_after := greatest(0, extract(epoch FROM v_next) - extract(epoch FROM v_now));
+        END IF;
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+        RETURN;
+    END IF;
+    IF p_waiter IS NOT NULL THEN
+        DELETE FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
+    END IF;
+    v_deadline := v_now + p_visibility * interval '1 second';
+    UPDATE __SCHEMA__.queue_messages m
+    SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
+        receipt = p_receipt, deadline = v_deadline
+    WHERE m.seq = v_seq
+    RETURNING m.id, m.key, m.body, m.kind, m.attempts, extract(epoch FROM m.enqueued_at)
+    INTO o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
+    o_found := true;
+    o_deadline := extract(epoch FROM v_deadline);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed - 1);
+END
+$$;
+
+-- queue_claim with p_channel (required, so a call of the version-2 signature never matches
+-- this one): the version-2 function, then the waiter it registered (if it found nothing)
+-- records the channel. Both in one transaction, under the queue row's lock that the inner
+-- call took, so no wake-up can come between the two.
+CREATE FUNCTION __SCHEMA__.queue_claim(
+    p_name text, p_receipt text, p_visibility double precision, p_concurrency integer,
+    p_max_attempts integer, p_waiter text, p_now timestamptz, p_channel text,
+    OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
+    OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
+    OUT o_now double precision, OUT o_retry_after double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+           c.o_deadline, c.o_now, c.o_retry_after
+    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline, o_now,
+         o_retry_after
+    FROM __SCHEMA__.queue_claim(p_name, p_receipt, p_visibility, p_concurrency,
+                                p_max_attempts, p_waiter, p_now) c;
+    IF NOT o_found AND p_waiter IS NOT NULL AND p_channel IS NOT NULL THEN
+        UPDATE __SCHEMA__.queue_waiters w SET channel = p_channel
+        FROM __SCHEMA__.queues q
+        WHERE q.key = sha256(convert_to(p_name, 'UTF8')) AND w.queue_id = q.id
+          AND w.waiter = p_waiter;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_ack(
+    p_name text, p_id text, p_receipt text, p_now timestamptz DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+BEGIN
+    DELETE FROM __SCHEMA__.queue_messages m
+    WHERE m.queue_id = v_qid AND m.id = p_id AND m.state = 1 AND m.receipt = p_receipt;
+    IF FOUND THEN
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1);
+        RETURN true;
+    END IF;
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    RETURN false;
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_nack(
+    p_name text, p_id text, p_receipt text, p_delay double precision, p_error text,
+    p_now timestamptz DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+BEGIN
+    UPDATE __SCHEMA__.queue_messages m
+    SET receipt = NULL, error = coalesce(p_error, 'nacked'),
+        state = CASE WHEN m.attempts >= m.max_attempts THEN 2 ELSE 0 END,
+        died_at = CASE WHEN m.attempts >= m.max_attempts THEN v_now ELSE m.died_at END,
+        available_at = CASE WHEN m.attempts >= m.max_attempts THEN m.available_at
+                            ELSE v_now + p_delay * interval '1 second' END
+    WHERE m.queue_id = v_qid AND m.id = p_id AND m.state = 1 AND m.receipt = p_receipt;
+    IF FOUND THEN
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1);
+        RETURN true;
+    END IF;
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    RETURN false;
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_extend(
+    p_name text, p_id text, p_receipt text, p_seconds double precision,
+    p_now timestamptz DEFAULT NULL)
+RETURNS double precision
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_deadline timestamptz := v_now + p_seconds * interval '1 second';
+    v_count integer;
+BEGIN
+    UPDATE __SCHEMA__.queue_messages m SET deadline = v_deadline
+    WHERE m.queue_id = v_qid AND m.id = p_id AND m.state = 1 AND m.receipt = p_receipt;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    IF v_count > 0 THEN
+        RETURN extract(epoch FROM v_deadline);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_stats(
+    p_name text, p_top integer, p_now timestamptz DEFAULT NULL,
+    OUT o_ready bigint, OUT o_delayed bigint, OUT o_in_flight bigint, OUT o_dead bigint,
+    OUT o_oldest double precision, OUT o_now double precision, OUT o_keys text[],
+    OUT o_counts bigint[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+BEGIN
+    o_now := extract(epoch FROM v_now);
+    SELECT count(*) FILTER (WHERE m.state = 0 AND m.available_at <= v_now),
+           count(*) FILTER (WHERE m.state = 0 AND m.available_at > v_now),
+           count(*) FILTER (WHERE m.state = 1),
+           count(*) FILTER (WHERE m.state = 2),
+           extract(epoch FROM min(m.enqueued_at) FILTER (WHERE m.state < 2))
+    INTO o_ready, o_delayed, o_in_flight, o_dead, o_oldest
+    FROM __SCHEMA__.queue_messages m WHERE m.queue_id = v_qid;
+    SELECT coalesce(array_agg(d.key ORDER BY d.n DESC, d.key), '{}'),
+           coalesce(array_agg(d.n ORDER BY d.n DESC, d.key), '{}')
+    INTO o_keys, o_counts
+    FROM (SELECT m.key, count(*) AS n FROM __SCHEMA__.queue_messages m
+          WHERE m.queue_id = v_qid AND m.state < 2 AND m.key IS NOT NULL
+          GROUP BY m.key ORDER BY n DESC, m.key LIMIT p_top) d;
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_dead(
+    p_name text, p_limit integer, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (o_id text, o_key text, o_body bytea, o_kind smallint, o_attempts integer,
+               o_enqueued_at double precision, o_died_at double precision, o_error text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+BEGIN
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    RETURN QUERY
+    SELECT m.id, m.key, m.body, m.kind, m.attempts, extract(epoch FROM m.enqueued_at)::float8,
+           extract(epoch FROM m.died_at)::float8, m.error
+    FROM __SCHEMA__.queue_messages m
+    WHERE m.queue_id = v_qid AND m.state = 2
+    ORDER BY m.seq LIMIT p_limit;
+END
+$$;
+
+-- queue_model.requeue: dead letters (p_ids, or all when NULL) back at the end of the queue
+-- (a new seq), due now, attempts reset, enqueued_at kept.
+CREATE FUNCTION __SCHEMA__.queue_requeue(
+    p_name text, p_ids text[], p_now timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_count integer;
+BEGIN
+    WITH gone AS (
+        DELETE FROM __SCHEMA__.queue_messages m
+        WHERE m.queue_id = v_qid AND m.state = 2 AND (p_ids IS NULL OR m.id = ANY (p_ids))
+        RETURNING m.seq, m.id, m.key, m.body, m.kind, m.enqueued_at, m.max_attempts)
+    INSERT INTO __SCHEMA__.queue_messages (queue_id, id, key, body, kind, enqueued_at,
+        available_at, attempts, max_attempts, state)
+    SELECT v_qid, g.id, g.key, g.body, g.kind, g.enqueued_at, v_now, 0, g.max_attempts, 0
+    FROM gone g ORDER BY g.seq;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + v_count);
+    RETURN v_count;
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_purge_dead(
+    p_name text, p_ids text[], p_now timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_count integer;
+BEGIN
+    DELETE FROM __SCHEMA__.queue_messages m
+    WHERE m.queue_id = v_qid AND m.state = 2 AND (p_ids IS NULL OR m.id = ANY (p_ids));
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    RETURN v_count;
+END
+$$;
+
+CREATE FUNCTION __SCHEMA__.queue_unregister(p_name text, p_waiter text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM __SCHEMA__.queue_waiters w
+    WHERE w.queue_id = (SELECT q.id FROM __SCHEMA__.queues q
+                        WHERE q.key = sha256(convert_to(p_name, 'UTF8')))
+      AND w.waiter = p_waiter;
+END
+$$;

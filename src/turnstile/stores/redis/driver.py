@@ -1,0 +1,52 @@
+"""What redis-py raises, and what it means to a user (no I/O; both flavours)."""
+
+from __future__ import annotations
+
+from redis.exceptions import (
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+
+from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
+from .config import RedisConfig
+
+# redis-py's errors (its Cluster errors are not RedisErrors) and socket errors. Each is
+# translated where the backends meet the driver.
+DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
+
+
+def safe_message(exc: BaseException, config: RedisConfig) -> str:
+    """A driver error's text, with the password (if any) blotted out."""
+    text = str(exc) or type(exc).__name__
+    if config.password:
+        text = text.replace(config.password, "***")
+    return text
+
+
+def unavailable(config: RedisConfig, what: str, exc: BaseException) -> BackendUnavailable:
+    message = safe_message(exc, config)
+    return BackendUnavailable(f"Redis {what} failed on {config.shown}: {message}")
+
+
+def connect_error(config: RedisConfig, exc: BaseException) -> TurnstileError:
+    """What a driver error while connecting means, naming the problem and the fix."""
+    message = safe_message(exc, config)
+    if isinstance(exc, AuthenticationError) or any(
+        code in message for code in ("NOAUTH", "WRONGPASS", "NOPERM", "invalid password")
+    ):
+        return ConfigurationError(
+            f"Redis at {config.shown} refused the credentials or permissions: {message}; "
+            "check the user and password in the URL"
+        )
+    if "not enabled" in message.lower() or "cluster support disabled" in message.lower():
+        return ConfigurationError(
+            f"{config.shown} is not a Redis Cluster ({message}); use redis:// instead"
+        )
+    if isinstance(exc, ResponseError):
+        return BackendUnavailable(f"Redis at {config.shown} answered: {message}")
+    return BackendUnavailable(
+        f"cannot reach Redis at {config.shown}: {message}; "
+        "check the host and port and that the server is running"
+    )

@@ -1,0 +1,118 @@
+"""Where Turnstile's data lives in Redis, for locks and queues (no I/O; both flavours).
+
+These names are data: a release must keep every one byte for byte, or it would not see the
+locks and queues an older one left.
+
+Key layout (``docs/redis.md``): every key lives under the URL's ``prefix`` (default
+``turnstile:``); the keys of one name share the hash tag ``{T}``, where ``T`` is a hash of
+the name (names may hold ``{``, ``}`` and anything else, so the name itself is never part of
+a key, only stored as data), so a name lives in one Redis Cluster slot::
+
+    <prefix>{T}:d    hash  the name, limit, last fencing token, waiter sequence, and one
+                           field per holder (h:<holder>) and per waiter (w:<holder>)
+    <prefix>{T}:hx   zset  holders by lease expiry
+    <prefix>{T}:wx   zset  waiters by waiting-entry expiry
+    <prefix>{T}:wq   zset  waiters in line order
+    <prefix>{T}:s:<holder>  list  wake-up signal of one waiting holder
+
+A queue's keys live under ``<prefix>{T}:q:`` (same tag as a lock of that name, so one Cluster
+slot too), one per entry of :data:`QUEUE_KEY_SUFFIXES` (see ``lua/queue/_lib.lua``), and a
+blocked consumer's wake-up list is ``<prefix>{T}:q:s:<waiter id>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def name_tag(name: str) -> str:
+    """The hash tag of a name: 128 bits of SHA-256, hex. Braces in names never matter."""
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
+
+
+def key_base(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name_tag(name)}}}:"
+
+
+LOCK_KEY_SUFFIXES = ("d", "hx", "wx", "wq")
+
+
+def name_keys(base: str) -> list[str]:
+    return [base + suffix for suffix in LOCK_KEY_SUFFIXES]
+
+
+class KeyCache:
+    """Key base and keys of recently used names (hashing a name is not free)."""
+
+    SIZE = 1024
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._cache: dict[str, tuple[str, list[str]]] = {}
+
+    def get(self, name: str) -> tuple[str, list[str]]:
+        found = self._cache.get(name)
+        if found is None:
+            base = key_base(self.prefix, name)
+            found = (base, name_keys(base))
+            if len(self._cache) >= self.SIZE:
+                self._cache.clear()
+            self._cache[name] = found
+        return found
+
+
+def signal_key(base: str, owner: str) -> str:
+    """The wake-up list of one waiter: a waiting holder under a lock's base, a blocked
+    consumer under a queue's base."""
+    return f"{base}s:{owner}"
+
+
+def glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def lock_meta_pattern(prefix: str) -> str:
+    """SCAN pattern matching the metadata key of every lock name under ``prefix``."""
+    return glob_escape(prefix) + "{*}:d"
+
+
+def lease_micros(seconds: float) -> int:
+    """A lock's time-to-live in microseconds: never 0, which the scripts would read as none."""
+    return max(1, round(seconds * 1_000_000))
+
+
+QUEUE_KEY_SUFFIXES = (
+    "meta",
+    "rec",
+    "body",
+    "key",
+    "rcpt",
+    "err",
+    "cand",
+    "due",
+    "fly",
+    "dead",
+    "enq",
+    "depth",
+    "dd",
+    "ddx",
+    "w",
+    "wx",
+)
+
+def queue_base(prefix: str, name: str) -> str:
+    return key_base(prefix, name) + "q:"
+
+
+def queue_keys(base: str) -> list[str]:
+    return [base + suffix for suffix in QUEUE_KEY_SUFFIXES]
+
+
+def queue_meta_pattern(prefix: str) -> str:
+    """SCAN pattern matching the ``meta`` key of every queue under ``prefix``."""
+    return glob_escape(prefix) + "{*}:q:meta"
+
+
+def micros(seconds: float) -> int:
+    """A queue's delay, window or timeout in microseconds (0 allowed: no delay)."""
+    return max(0, round(seconds * 1_000_000))

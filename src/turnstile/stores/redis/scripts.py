@@ -1,0 +1,52 @@
+"""The Lua scripts, loaded one way for locks and queues (no I/O; both flavours).
+
+Redis has no includes, so each operation's script is its folder's ``_lib.lua`` followed by
+the operation's own file; the result is sent by SHA1 (EVALSHA) and its text only when a
+server answers NOSCRIPT (see ``AsyncRedisConnection.run``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+
+LOCK_OPERATIONS = ("acquire", "release", "renew", "status", "probe")
+QUEUE_OPERATIONS = (
+    "put",
+    "claim",
+    "ack",
+    "nack",
+    "extend",
+    "stats",
+    "dead",
+    "requeue",
+    "purge",
+    "unregister",
+    "names",
+)
+# Folder under lua/ -> the operations it holds.
+FOLDERS = {"lock": LOCK_OPERATIONS, "queue": QUEUE_OPERATIONS}
+
+
+@dataclass(frozen=True)
+class Script:
+    """One operation's Lua source and its SHA1, as EVALSHA names it."""
+
+    text: str
+    sha: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode("utf-8")).hexdigest())
+
+
+def script_text(folder: str, operation: str) -> str:
+    """The Lua source of one operation: the folder's library followed by the operation."""
+    files = resources.files("turnstile.stores.redis").joinpath("lua", folder)
+    lib = files.joinpath("_lib.lua").read_text("utf-8")
+    return lib + "\n" + files.joinpath(f"{operation}.lua").read_text("utf-8")
+
+
+def load(folder: str) -> dict[str, Script]:
+    """Every script of one folder (``lock`` or ``queue``), by operation."""
+    return {op: Script(script_text(folder, op)) for op in FOLDERS[folder]}
