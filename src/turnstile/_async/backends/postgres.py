@@ -31,14 +31,30 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from ..._core import forks
-from ..._core.records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
+from ..._core.records import (
+    AcquireResult,
+    Characteristics,
+    Grant,
+    HolderInfo,
+    Status,
+    WaiterInfo,
+)
 from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.postgres import sql as pg
 from .. import _compat
 
 log = logging.getLogger("turnstile.postgres")
 
-CHARACTERISTICS = pg.CHARACTERISTICS
+CHARACTERISTICS = Characteristics(
+    scheme="postgresql",
+    cross_process=True,
+    cross_host=True,
+    durable=True,
+    woken_by_store=True,
+    description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
+    cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
+    queues=True,
+)
 
 # The sync LISTEN thread looks at its stop flag this often (the async task is cancelled).
 LISTEN_TICK = 0.25

@@ -19,6 +19,7 @@ from ..._core.records import (
     PutResult,
     QueueStats,
 )
+from ...errors import NotSupported
 from ...stores.postgres import sql as pg
 from .postgres import LISTEN_START_WAIT, AsyncPostgresBackend, AsyncPostgresWaiter
 
@@ -182,3 +183,14 @@ class AsyncPostgresQueueBackend:
                 min(LISTEN_START_WAIT, self.backend.config.connect_timeout)
             )
         return AsyncPostgresQueueWaiter(self, name)
+
+    async def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("PostgreSQL wakes a local waiter (open_waiter); it has no long poll")

@@ -20,6 +20,7 @@ from ..._core.records import (
     PutResult,
     QueueStats,
 )
+from ...errors import NotSupported
 from ...stores.postgres import sql as pg
 from .postgres import LISTEN_START_WAIT, PostgresBackend, PostgresWaiter
 
@@ -183,3 +184,14 @@ class PostgresQueueBackend:
                 min(LISTEN_START_WAIT, self.backend.config.connect_timeout)
             )
         return PostgresQueueWaiter(self, name)
+
+    def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("PostgreSQL wakes a local waiter (open_waiter); it has no long poll")

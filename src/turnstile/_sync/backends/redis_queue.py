@@ -11,7 +11,15 @@ import secrets
 import time
 from typing import Any
 
-from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ..._core.records import (
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    NewMessage,
+    PutResult,
+    QueueStats,
+)
+from ...errors import NotSupported
 from ...stores.redis import locks as redis_common
 from ...stores.redis import queues as qc
 from .. import _compat
@@ -146,3 +154,14 @@ class RedisQueueBackend:
 
     def open_waiter(self, name: str) -> RedisQueueWaiter:
         return RedisQueueWaiter(self, name)
+
+    def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("Redis wakes a local waiter (open_waiter); it has no long poll")
