@@ -1,4 +1,4 @@
-"""The keyed FIFO queue, written once over the queue protocol (``backends/queue_base.py``).
+"""The keyed FIFO queue, written once over the queue protocol (``backends/protocol.py``).
 
 Work is recorded when it *arrives* and handed out in that order: one message per key in
 flight (per-key order), many keys in parallel, optionally at most ``concurrency`` in flight
@@ -22,7 +22,7 @@ from .._core.payload import decode_payload, encode_payload
 from .._core.records import DeadLetter, Delivery, QueueStats, WorkResult
 from ..errors import BackendUnavailable, InvalidArgument
 from . import _compat
-from .backends.queue_base import AsyncQueueBackend, AsyncQueueWaiter
+from .backends.protocol import AsyncQueueBackend, AsyncQueueWaiter
 
 log = logging.getLogger("turnstile.queue")
 
@@ -111,8 +111,11 @@ class AsyncQueue:
         concurrency: int | None = None,
         *,
         dedup_window: float = validate.DEFAULT_DEDUP_WINDOW,
+        long_poll_gets: bool,
     ) -> None:
         self._backend = backend
+        # The store's ``Characteristics.long_poll_gets``: blocking gets are its long polls.
+        self._long_poll_gets = long_poll_gets
         self.name = validate.name(name)
         self.visibility_timeout = validate.visibility_timeout(visibility_timeout)
         self.max_attempts = validate.max_attempts(max_attempts)
@@ -178,9 +181,8 @@ class AsyncQueue:
         if timeout == 0 or (stop is not None and stop.is_set()):
             result = await self._claim(None)
             return None if result.delivery is None else AsyncMessage(self, result.delivery)
-        remote_get = getattr(self._backend, "get", None)
-        if remote_get is not None:
-            return await self._get_remote(remote_get, deadline, stop)
+        if self._long_poll_gets:
+            return await self._get_remote(deadline, stop)
         # Arm the wake-up channel first, then claim registering it as a waiter should nothing
         # be deliverable (a claim that delivers unregisters it): no wake-up can slip by, and
         # one store round trip per look.
@@ -209,10 +211,7 @@ class AsyncQueue:
                 log.debug("unregistering a waiter of %r failed: %s", self.name, exc)
 
     async def _get_remote(
-        self,
-        remote_get: Callable[..., Any],
-        deadline: float | None,
-        stop: _compat.Event | None,
+        self, deadline: float | None, stop: _compat.Event | None
     ) -> AsyncMessage | None:
         """For a backend whose store side does the waiting (the HTTP service): each call is
         one long poll there. With a ``stop`` flag the polls last at most a heartbeat, so a
@@ -223,7 +222,7 @@ class AsyncQueue:
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
                     return None
-            delivery = await remote_get(
+            delivery = await self._backend.long_poll(
                 self.name,
                 wait=wait,
                 visibility_timeout=self.visibility_timeout,

@@ -16,7 +16,7 @@ from typing import Any
 from .._core import timing, validate
 from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
-from .backends.base import AsyncBackend
+from .backends.protocol import AsyncBackend, AsyncWaiter
 from .renewer import renewer_for
 
 log_acquire = logging.getLogger("turnstile.lock.acquire")
@@ -278,14 +278,13 @@ class AsyncSemaphore:
         )
 
     def _handed(
-        self, waiter: Any, result: AcquireResult, sent: float, wait_ttl: float
+        self, waiter: AsyncWaiter, result: AcquireResult, sent: float, wait_ttl: float
     ) -> AsyncLease | None:
         """The lease a wake-up handed over with the grant in it (see ``AsyncWaiter.handed``),
         or None: the caller then looks with an acquire step as usual."""
-        handed = getattr(waiter, "handed", None)
-        if handed is None or result.wait_id is None:
+        if result.wait_id is None:
             return None
-        grant: Grant | None = handed(result.wait_id)
+        grant = waiter.handed(result.wait_id)
         if grant is None:
             return None
         # The store's clock read `result.now` after we sent that step at `sent`, so it reaches
@@ -341,7 +340,7 @@ class AsyncSemaphore:
                     # A channel that keeps wake-ups sent before it was opened (a Redis list)
                     # needs no second look: the first step's answer stands until it wakes.
                     waiter = await self._backend.open_waiter(self.name, holder)
-                    if not getattr(waiter, "keeps_early_wakeups", False):
+                    if not self._backend.characteristics.keeps_early_wakeups:
                         result, sent = await self._step(holder, wait_ttl, True)
                 if result.grant is None:
                     # The store has confirmed our place in line (benchmarks time it, via the

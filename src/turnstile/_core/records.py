@@ -110,10 +110,22 @@ class Characteristics:
     durable: bool
     woken_by_store: bool
     description: str
+    # The fields below are what a primitive reads to choose its path; each backend module
+    # declares them once (its ``CHARACTERISTICS``), and ``_async/backends/protocol.py`` says
+    # which protocol method each one governs.
+    #
     # open_waiter costs no round trip to the store (e.g. one shared LISTEN connection per
     # client): a blocking acquire arms its waiter before its first step instead of after it,
     # which saves the step that looks again after arming.
     cheap_waiters: bool = False
+    # A lock waiter keeps a wake-up sent before it was opened (a Redis list), so the acquire
+    # step that preceded ``open_waiter`` needs no repeating once the waiter is armed.
+    keeps_early_wakeups: bool = False
+    # ``backend.queues()`` returns the store's queue operations (else NotSupported).
+    queues: bool = False
+    # A blocking queue get is one long poll that the store side answers
+    # (``queue_backend.long_poll``, the HTTP service), not a local waiter.
+    long_poll_gets: bool = False
 
 
 # -- queues -------------------------------------------------------------------------------

@@ -15,8 +15,7 @@ from .._core.records import Characteristics, Status
 from .._core.validate import DEFAULT_DEDUP_WINDOW
 from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
-from .backends.base import Backend
-from .backends.queue_base import QueueBackend
+from .backends.protocol import Backend, QueueBackend
 from .queue import Queue
 from .renewer import close_renewers
 from .semaphore import Lease, Lock, Semaphore
@@ -78,17 +77,16 @@ class Client:
             max_attempts,
             concurrency,
             dedup_window=dedup_window,
+            long_poll_gets=self.backend.characteristics.long_poll_gets,
         )
 
     def _queues(self) -> QueueBackend:
-        queues = getattr(self.backend, "queues", None)
-        if queues is None:
+        if not self.backend.characteristics.queues:
             raise NotSupported(
                 f"the {self.backend.characteristics.scheme}:// backend does not support "
                 "queues in this release"
             )
-        backend: QueueBackend = queues()
-        return backend
+        return self.backend.queues()
 
     def queue_names(self, prefix: str = "", max_count: int = 1000) -> list[str]:
         """Queues that hold messages (ready, delayed, in flight or dead) whose names start

@@ -17,7 +17,7 @@ from typing import Any
 from .._core import timing, validate
 from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
-from .backends.base import Backend
+from .backends.protocol import Backend, Waiter
 from .renewer import renewer_for
 
 log_acquire = logging.getLogger("turnstile.lock.acquire")
@@ -242,14 +242,13 @@ class Semaphore:
         )
 
     def _handed(
-        self, waiter: Any, result: AcquireResult, sent: float, wait_ttl: float
+        self, waiter: Waiter, result: AcquireResult, sent: float, wait_ttl: float
     ) -> Lease | None:
         """The lease a wake-up handed over with the grant in it (see ``Waiter.handed``),
         or None: the caller then looks with an acquire step as usual."""
-        handed = getattr(waiter, "handed", None)
-        if handed is None or result.wait_id is None:
+        if result.wait_id is None:
             return None
-        grant: Grant | None = handed(result.wait_id)
+        grant = waiter.handed(result.wait_id)
         if grant is None:
             return None
         # The store's clock read `result.now` after we sent that step at `sent`, so it reaches
@@ -305,7 +304,7 @@ class Semaphore:
                     # A channel that keeps wake-ups sent before it was opened (a Redis list)
                     # needs no second look: the first step's answer stands until it wakes.
                     waiter = self._backend.open_waiter(self.name, holder)
-                    if not getattr(waiter, "keeps_early_wakeups", False):
+                    if not self._backend.characteristics.keeps_early_wakeups:
                         result, sent = self._step(holder, wait_ttl, True)
                 if result.grant is None:
                     # The store has confirmed our place in line (benchmarks time it, via the

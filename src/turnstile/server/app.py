@@ -52,7 +52,7 @@ async def info(ctx: Ctx) -> Any:
             "durable": chars.durable,
             "woken_by_store": chars.woken_by_store,
             "description": chars.description,
-            "queues": getattr(ctx.client.backend, "queues", None) is not None,
+            "queues": chars.queues,
         },
         "limits": {
             "max_wait": config.max_wait,

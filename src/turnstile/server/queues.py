@@ -55,10 +55,9 @@ def _queue(ctx: Ctx, name: str, body: Body) -> Any:
 
 
 def _protocol(ctx: Ctx) -> Any:
-    queues = getattr(ctx.client.backend, "queues", None)
-    if queues is None:
+    if not ctx.client.characteristics.queues:
         raise NotSupported("the store behind this service has no queues")
-    return queues()
+    return ctx.client.backend.queues()
 
 
 def _payload(body: Body) -> Any:

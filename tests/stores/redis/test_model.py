@@ -15,7 +15,7 @@ import secrets
 import pytest
 
 import turnstile
-from turnstile._sync.backends.base import Backend
+from turnstile._sync.backends.protocol import Backend
 
 pytestmark = pytest.mark.redis
 

@@ -16,6 +16,7 @@ path; default: the system's trust store).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import ssl
 from collections.abc import Callable
@@ -52,13 +53,26 @@ from ...errors import (
     LeaseLost,
     NotSupported,
 )
-from .queue_base import AsyncQueueWaiter
+from .protocol import AsyncQueueWaiter
 
 ENV_TOKEN = "TURNSTILE_TOKEN"
 DEFAULT_TIMEOUT = 10.0
 # A long poll may take its whole timeout on the service; allow this much more on the wire.
 POLL_SLACK = 10.0
 MAX_LIST = 10_000
+
+# The capabilities of this client; the handshake fills in the facts of the store behind the
+# service (durable, woken_by_store, description), which never change a capability here.
+CHARACTERISTICS = Characteristics(
+    scheme="http",
+    cross_process=True,
+    cross_host=True,
+    durable=False,
+    woken_by_store=True,
+    description="Turnstile HTTP service",
+    queues=True,
+    long_poll_gets=True,  # /v1/queues/get waits on the service, woken by its store
+)
 
 _INVALID = {"invalid_argument", "bad_json", "payload_too_large", "unsupported_media_type"}
 _DENIED = {"forbidden", "read_only", "admin_required"}
@@ -124,13 +138,16 @@ class AsyncHTTPWaiter:
         )
         return bool(data["woken"])
 
+    def handed(self, wait_id: int) -> Grant | None:
+        return None  # the long poll answers "woken" only: the next try-acquire claims it
+
     async def close(self) -> None:
         return None
 
 
 class AsyncHTTPQueueBackend:
     """The queue protocol over API v1 (``/v1/queues/*``). Blocking gets are long polls that
-    the service answers from its own wake-ups (``get``), so no waiter lives here."""
+    the service answers from its own wake-ups (``long_poll``), so no waiter lives here."""
 
     def __init__(self, backend: AsyncHTTPBackend) -> None:
         self._backend = backend
@@ -178,7 +195,7 @@ class AsyncHTTPQueueBackend:
             _delivery(message) if message else None, float(data["now"]), data.get("retry_after")
         )
 
-    async def get(
+    async def long_poll(
         self,
         name: str,
         *,
@@ -281,7 +298,7 @@ class AsyncHTTPQueueBackend:
 
     async def open_waiter(self, name: str) -> AsyncQueueWaiter:
         raise NotSupported(
-            "blocking gets over HTTP are long polls on the service (get), not local waiters"
+            "blocking gets over HTTP are long polls on the service (long_poll), not local waiters"
         )
 
 
@@ -307,6 +324,8 @@ def _delivery(message: dict[str, Any]) -> Delivery:
 
 
 class AsyncHTTPBackend:
+    characteristics = CHARACTERISTICS
+
     def __init__(
         self,
         http: httpx.AsyncClient,
@@ -329,13 +348,8 @@ class AsyncHTTPBackend:
         self._timeout = timeout
         self.max_wait = 50.0
         self.info: dict[str, Any] = {}
-        self.characteristics = Characteristics(
-            scheme=scheme,
-            cross_process=True,
-            cross_host=True,
-            durable=False,
-            woken_by_store=True,
-            description=f"Turnstile HTTP service at {shown}",
+        self.characteristics = dataclasses.replace(
+            CHARACTERISTICS, scheme=scheme, description=f"Turnstile HTTP service at {shown}"
         )
 
     async def call(
@@ -405,10 +419,8 @@ class AsyncHTTPBackend:
         self.info = info
         store = info.get("backend", {})
         self.max_wait = float(info.get("limits", {}).get("max_wait", self.max_wait))
-        self.characteristics = Characteristics(
-            scheme=self.characteristics.scheme,
-            cross_process=True,
-            cross_host=True,
+        self.characteristics = dataclasses.replace(
+            self.characteristics,
             durable=bool(store.get("durable", False)),
             woken_by_store=bool(store.get("woken_by_store", True)),
             description=f"Turnstile HTTP service at {self._shown} over "

@@ -20,6 +20,7 @@ CHARACTERISTICS = Characteristics(
     durable=False,
     woken_by_store=True,
     description="in-process memory: one process only, nothing stored",
+    queues=True,
 )
 
 
@@ -34,6 +35,9 @@ class AsyncMemoryWaiter:
         woken = await _compat.wait_event(self._event, timeout)
         self._event.clear()
         return woken
+
+    def handed(self, wait_id: int) -> Grant | None:
+        return None  # a wake-up here carries no grant: the next acquire step claims it
 
     async def close(self) -> None:
         if self._backend._events.get(self._key) is self._event:

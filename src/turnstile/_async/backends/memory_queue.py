@@ -10,7 +10,15 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..._core import queue_machine
-from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ..._core.records import (
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    NewMessage,
+    PutResult,
+    QueueStats,
+)
+from ...errors import NotSupported
 from .. import _compat
 
 T = TypeVar("T")
@@ -130,6 +138,17 @@ class AsyncMemoryQueueBackend:
 
     async def open_waiter(self, name: str) -> AsyncMemoryQueueWaiter:
         return AsyncMemoryQueueWaiter(self, name)
+
+    async def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("memory:// wakes a local waiter (open_waiter); it has no long poll")
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
         with self._lock:

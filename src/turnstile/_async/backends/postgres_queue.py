@@ -18,6 +18,7 @@ from ..._core.records import (
     PutResult,
     QueueStats,
 )
+from ...errors import NotSupported
 from ...stores.postgres import sql as pg
 from .postgres_listen import AsyncListener, AsyncPostgresWaiter
 
@@ -151,3 +152,14 @@ class AsyncPostgresQueueBackend:
 
     async def open_waiter(self, name: str) -> AsyncPostgresQueueWaiter:
         return AsyncPostgresQueueWaiter(self, name, await self.connection.listening())
+
+    async def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("PostgreSQL wakes a local waiter (open_waiter); it has no long poll")

@@ -23,7 +23,7 @@ from ..._core.records import AcquireResult, Characteristics, Grant, Status
 from ...errors import ConfigurationError
 from ...stores.redis import config as redis_config
 from ...stores.redis import keys, replies, scripts
-from ...stores.redis.config import MAX_BLOCK, RedisConfig
+from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS, connect_error
 from .. import _compat
 from .redis_connection import AsyncRedisConnection
@@ -35,15 +35,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnstile.redis")
 
 
-def _characteristics(config: RedisConfig, durable: bool, detail: str) -> Characteristics:
-    return Characteristics(
-        scheme="redis+cluster" if config.cluster else "redis",
-        cross_process=True,
-        cross_host=True,
-        durable=durable,
-        woken_by_store=True,
-        description=detail,
-    )
+# One declaration for redis:// and redis+cluster://: they differ only in facts a backend
+# learns from its URL and server (scheme, durable, description), never in a capability.
+CHARACTERISTICS = Characteristics(
+    scheme="redis",
+    cross_process=True,
+    cross_host=True,
+    durable=False,  # until the server is seen to keep an append-only file
+    woken_by_store=True,
+    description="Redis",
+    keeps_early_wakeups=True,  # a waiter's own list keeps what was pushed before its BLPOP
+    queues=True,
+)
 
 
 class AsyncRedisWaiter:
@@ -51,14 +54,12 @@ class AsyncRedisWaiter:
 
     The list keeps a wake-up pushed before the waiter started waiting (until the grant it
     announces lapses), so the acquire step made before this waiter was opened needs no
-    repeating (``keeps_early_wakeups``).
+    repeating (``Characteristics.keeps_early_wakeups``).
 
     The acquire step that follows every wait is sent right behind the BLPOP, on the same
     connection: Redis runs it the moment the BLPOP returns, so a woken waiter gets its grant
     claimed without another round trip; the backend hands that answer to the caller's next
     ``acquire`` (see ``AsyncRedisBackend.acquire``)."""
-
-    keeps_early_wakeups = True
 
     def __init__(
         self, backend: AsyncRedisBackend, name: str, holder: str, step: tuple[int, ...] | None
@@ -119,6 +120,9 @@ class AsyncRedisWaiter:
             )
         return popped
 
+    def handed(self, wait_id: int) -> Grant | None:
+        return None  # the list carries a bare wake-up; the next acquire step claims the grant
+
     async def close(self) -> None:
         # An answer nobody asked for (the caller left on an error) must never be handed to a
         # later acquire of the same holder.
@@ -126,11 +130,17 @@ class AsyncRedisWaiter:
 
 
 class AsyncRedisBackend:
+    characteristics = CHARACTERISTICS
+
     def __init__(self, connection: AsyncRedisConnection) -> None:
         config = connection.config
         self.config = config
         self.connection = connection
-        self.characteristics = _characteristics(config, False, f"Redis at {config.shown}")
+        self.characteristics = dataclasses.replace(
+            CHARACTERISTICS,
+            scheme="redis+cluster" if config.cluster else "redis",
+            description=f"Redis at {config.shown}",
+        )
         # Read once per client; sent as EVALSHA, and loaded (SCRIPT LOAD) only when a server
         # answers NOSCRIPT: on first use, or after a restart or failover emptied its cache.
         self._scripts = scripts.load("lock")
@@ -241,8 +251,10 @@ class AsyncRedisBackend:
         persistence = "append-only file on" if aof else "no append-only file"
         if config.cluster:
             persistence = "persistence per node"
-        self.characteristics = _characteristics(
-            config, aof, f"{kind} {version} at {config.shown} ({persistence})"
+        self.characteristics = dataclasses.replace(
+            self.characteristics,
+            durable=aof,
+            description=f"{kind} {version} at {config.shown} ({persistence})",
         )
 
 

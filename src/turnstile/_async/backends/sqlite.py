@@ -20,6 +20,7 @@ CHARACTERISTICS = Characteristics(
     durable=True,
     woken_by_store=True,
     description="embedded SQLite file: every process on one host (not across hosts or NFS)",
+    queues=True,
 )
 
 POLL_MIN = 0.001
@@ -46,6 +47,9 @@ class AsyncSQLiteWaiter:
                 return True
             delay = min(delay * 2, POLL_MAX)
         return False
+
+    def handed(self, wait_id: int) -> Grant | None:
+        return None  # a datagram carries no grant: the next acquire step claims it
 
     async def close(self) -> None:
         if self._sock is not None:

@@ -17,6 +17,7 @@ path; default: the system's trust store).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import ssl
 from collections.abc import Callable
@@ -53,13 +54,26 @@ from ...errors import (
     LeaseLost,
     NotSupported,
 )
-from .queue_base import QueueWaiter
+from .protocol import QueueWaiter
 
 ENV_TOKEN = "TURNSTILE_TOKEN"
 DEFAULT_TIMEOUT = 10.0
 # A long poll may take its whole timeout on the service; allow this much more on the wire.
 POLL_SLACK = 10.0
 MAX_LIST = 10_000
+
+# The capabilities of this client; the handshake fills in the facts of the store behind the
+# service (durable, woken_by_store, description), which never change a capability here.
+CHARACTERISTICS = Characteristics(
+    scheme="http",
+    cross_process=True,
+    cross_host=True,
+    durable=False,
+    woken_by_store=True,
+    description="Turnstile HTTP service",
+    queues=True,
+    long_poll_gets=True,  # /v1/queues/get waits on the service, woken by its store
+)
 
 _INVALID = {"invalid_argument", "bad_json", "payload_too_large", "unsupported_media_type"}
 _DENIED = {"forbidden", "read_only", "admin_required"}
@@ -125,13 +139,16 @@ class HTTPWaiter:
         )
         return bool(data["woken"])
 
+    def handed(self, wait_id: int) -> Grant | None:
+        return None  # the long poll answers "woken" only: the next try-acquire claims it
+
     def close(self) -> None:
         return None
 
 
 class HTTPQueueBackend:
     """The queue protocol over API v1 (``/v1/queues/*``). Blocking gets are long polls that
-    the service answers from its own wake-ups (``get``), so no waiter lives here."""
+    the service answers from its own wake-ups (``long_poll``), so no waiter lives here."""
 
     def __init__(self, backend: HTTPBackend) -> None:
         self._backend = backend
@@ -179,7 +196,7 @@ class HTTPQueueBackend:
             _delivery(message) if message else None, float(data["now"]), data.get("retry_after")
         )
 
-    def get(
+    def long_poll(
         self,
         name: str,
         *,
@@ -282,7 +299,7 @@ class HTTPQueueBackend:
 
     def open_waiter(self, name: str) -> QueueWaiter:
         raise NotSupported(
-            "blocking gets over HTTP are long polls on the service (get), not local waiters"
+            "blocking gets over HTTP are long polls on the service (long_poll), not local waiters"
         )
 
 
@@ -308,6 +325,8 @@ def _delivery(message: dict[str, Any]) -> Delivery:
 
 
 class HTTPBackend:
+    characteristics = CHARACTERISTICS
+
     def __init__(
         self,
         http: httpx.Client,
@@ -330,13 +349,8 @@ class HTTPBackend:
         self._timeout = timeout
         self.max_wait = 50.0
         self.info: dict[str, Any] = {}
-        self.characteristics = Characteristics(
-            scheme=scheme,
-            cross_process=True,
-            cross_host=True,
-            durable=False,
-            woken_by_store=True,
-            description=f"Turnstile HTTP service at {shown}",
+        self.characteristics = dataclasses.replace(
+            CHARACTERISTICS, scheme=scheme, description=f"Turnstile HTTP service at {shown}"
         )
 
     def call(
@@ -406,10 +420,8 @@ class HTTPBackend:
         self.info = info
         store = info.get("backend", {})
         self.max_wait = float(info.get("limits", {}).get("max_wait", self.max_wait))
-        self.characteristics = Characteristics(
-            scheme=self.characteristics.scheme,
-            cross_process=True,
-            cross_host=True,
+        self.characteristics = dataclasses.replace(
+            self.characteristics,
             durable=bool(store.get("durable", False)),
             woken_by_store=bool(store.get("woken_by_store", True)),
             description=f"Turnstile HTTP service at {self._shown} over "

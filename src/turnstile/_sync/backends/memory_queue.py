@@ -11,7 +11,15 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..._core import queue_machine
-from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ..._core.records import (
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    NewMessage,
+    PutResult,
+    QueueStats,
+)
+from ...errors import NotSupported
 from .. import _compat
 
 T = TypeVar("T")
@@ -131,6 +139,17 @@ class MemoryQueueBackend:
 
     def open_waiter(self, name: str) -> MemoryQueueWaiter:
         return MemoryQueueWaiter(self, name)
+
+    def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("memory:// wakes a local waiter (open_waiter); it has no long poll")
 
     def names(self, prefix: str, max_count: int) -> list[str]:
         with self._lock:

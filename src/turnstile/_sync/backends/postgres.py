@@ -27,7 +27,14 @@ from urllib.parse import SplitResult
 import psycopg
 from psycopg import Connection
 
-from ..._core.records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
+from ..._core.records import (
+    AcquireResult,
+    Characteristics,
+    Grant,
+    HolderInfo,
+    Status,
+    WaiterInfo,
+)
 from ...errors import ConfigurationError
 from ...stores.postgres import sql as pg
 from .postgres_connection import PostgresConnection, new_pool
@@ -39,7 +46,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnstile.postgres")
 
-CHARACTERISTICS = pg.CHARACTERISTICS
+CHARACTERISTICS = Characteristics(
+    scheme="postgresql",
+    cross_process=True,
+    cross_host=True,
+    durable=True,
+    woken_by_store=True,
+    description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
+    cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
+    queues=True,
+)
 
 
 class PostgresBackend:

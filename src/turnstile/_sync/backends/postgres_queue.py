@@ -19,6 +19,7 @@ from ..._core.records import (
     PutResult,
     QueueStats,
 )
+from ...errors import NotSupported
 from ...stores.postgres import sql as pg
 from .postgres_listen import Listener, PostgresWaiter
 
@@ -152,3 +153,14 @@ class PostgresQueueBackend:
 
     def open_waiter(self, name: str) -> PostgresQueueWaiter:
         return PostgresQueueWaiter(self, name, self.connection.listening())
+
+    def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("PostgreSQL wakes a local waiter (open_waiter); it has no long poll")

@@ -36,15 +36,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnstile.redis")
 
 
-def _characteristics(config: RedisConfig, durable: bool, detail: str) -> Characteristics:
-    return Characteristics(
-        scheme="redis+cluster" if config.cluster else "redis",
-        cross_process=True,
-        cross_host=True,
-        durable=durable,
-        woken_by_store=True,
-        description=detail,
-    )
+# One declaration for redis:// and redis+cluster://: they differ only in facts a backend
+# learns from its URL and server (scheme, durable, description), never in a capability.
+CHARACTERISTICS = Characteristics(
+    scheme="redis",
+    cross_process=True,
+    cross_host=True,
+    durable=False,  # until the server is seen to keep an append-only file
+    woken_by_store=True,
+    description="Redis",
+    keeps_early_wakeups=True,  # a waiter's own list keeps what was pushed before its BLPOP
+    queues=True,
+)
 
 
 class RedisWaiter:
@@ -52,14 +55,12 @@ class RedisWaiter:
 
     The list keeps a wake-up pushed before the waiter started waiting (until the grant it
     announces lapses), so the acquire step made before this waiter was opened needs no
-    repeating (``keeps_early_wakeups``).
+    repeating (``Characteristics.keeps_early_wakeups``).
 
     The acquire step that follows every wait is sent right behind the BLPOP, on the same
     connection: Redis runs it the moment the BLPOP returns, so a woken waiter gets its grant
     claimed without another round trip; the backend hands that answer to the caller's next
     ``acquire`` (see ``RedisBackend.acquire``)."""
-
-    keeps_early_wakeups = True
 
     def __init__(
         self, backend: RedisBackend, name: str, holder: str, step: tuple[int, ...] | None
@@ -120,6 +121,9 @@ class RedisWaiter:
             )
         return popped
 
+    def handed(self, wait_id: int) -> Grant | None:
+        return None  # the list carries a bare wake-up; the next acquire step claims the grant
+
     def close(self) -> None:
         # An answer nobody asked for (the caller left on an error) must never be handed to a
         # later acquire of the same holder.
@@ -127,11 +131,17 @@ class RedisWaiter:
 
 
 class RedisBackend:
+    characteristics = CHARACTERISTICS
+
     def __init__(self, connection: RedisConnection) -> None:
         config = connection.config
         self.config = config
         self.connection = connection
-        self.characteristics = _characteristics(config, False, f"Redis at {config.shown}")
+        self.characteristics = dataclasses.replace(
+            CHARACTERISTICS,
+            scheme="redis+cluster" if config.cluster else "redis",
+            description=f"Redis at {config.shown}",
+        )
         # Read once per client; sent as EVALSHA, and loaded (SCRIPT LOAD) only when a server
         # answers NOSCRIPT: on first use, or after a restart or failover emptied its cache.
         self._scripts = scripts.load("lock")
@@ -242,8 +252,10 @@ class RedisBackend:
         persistence = "append-only file on" if aof else "no append-only file"
         if config.cluster:
             persistence = "persistence per node"
-        self.characteristics = _characteristics(
-            config, aof, f"{kind} {version} at {config.shown} ({persistence})"
+        self.characteristics = dataclasses.replace(
+            self.characteristics,
+            durable=aof,
+            description=f"{kind} {version} at {config.shown} ({persistence})",
         )
 
 

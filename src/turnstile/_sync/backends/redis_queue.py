@@ -12,7 +12,15 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ..._core.records import (
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    NewMessage,
+    PutResult,
+    QueueStats,
+)
+from ...errors import NotSupported
 from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS
@@ -149,3 +157,14 @@ class RedisQueueBackend:
 
     def open_waiter(self, name: str) -> RedisQueueWaiter:
         return RedisQueueWaiter(self, name)
+
+    def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("Redis wakes a local waiter (open_waiter); it has no long poll")

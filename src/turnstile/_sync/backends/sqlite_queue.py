@@ -8,7 +8,15 @@ import secrets
 import socket
 import time
 
-from ..._core.records import ClaimResult, DeadLetterRow, NewMessage, PutResult, QueueStats
+from ..._core.records import (
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    NewMessage,
+    PutResult,
+    QueueStats,
+)
+from ...errors import NotSupported
 from ...stores.sqlite.lock_store import SQLiteStore
 from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
@@ -94,6 +102,17 @@ class SQLiteQueueBackend:
 
     def open_waiter(self, name: str) -> SQLiteQueueWaiter:
         return SQLiteQueueWaiter(self.store, name)
+
+    def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported("sqlite:// wakes a local waiter (open_waiter); it has no long poll")
 
     def names(self, prefix: str, max_count: int) -> list[str]:
         return _compat.run_blocking(self.store.names, prefix, max_count)

@@ -36,19 +36,8 @@ from urllib.parse import (
 
 import psycopg
 
-from ..._core.records import Characteristics
 from ..._core.urls import redact
 from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
-
-CHARACTERISTICS = Characteristics(
-    scheme="postgresql",
-    cross_process=True,
-    cross_host=True,
-    durable=True,
-    woken_by_store=True,
-    description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
-    cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
-)
 
 DEFAULT_SCHEMA = "turnstile"
 DEFAULT_APPLICATION_NAME = "turnstile"

@@ -1,0 +1,194 @@
+"""The two narrow protocols every backend implements: locks and queues.
+
+Primitives (:mod:`..semaphore`, :mod:`..queue`) are algorithms over these protocols and never
+see a driver. Each operation is atomic on the store and judged by the store's clock. Lock
+semantics are those of :mod:`turnstile._core.lock_machine`, queue semantics those of
+:mod:`turnstile._core.queue_machine`; the contract suite (``tests/contract``) holds every
+backend to them, and ``tests/unit/test_protocols.py`` checks that every backend class has
+every member below with the same signature.
+
+Nothing is optional and nothing is discovered by looking for attributes. A behaviour that
+differs between stores is either
+
+* a declared field of :class:`~turnstile.Characteristics` (``backend.characteristics``,
+  declared once per backend module as ``CHARACTERISTICS``), read before acting:
+
+  - ``cheap_waiters``: ``open_waiter`` costs no round trip, so a blocking acquire arms its
+    waiter before its first step;
+  - ``keeps_early_wakeups``: a lock waiter keeps a wake-up sent after the acquire step that
+    preceded ``open_waiter``, so that step needs no repeating once the waiter is armed;
+  - ``queues``: ``queues()`` returns the store's queue operations (else it raises
+    :class:`~turnstile.NotSupported`);
+  - ``long_poll_gets``: a blocking queue get is ``AsyncQueueBackend.long_poll`` (the store
+    side waits), not ``open_waiter``/``claim``/``wait`` on this side;
+
+* or a method every backend implements, with the documented answer of a store that lacks the
+  behaviour (``AsyncWaiter.handed`` returns ``None``; ``AsyncQueueBackend.long_poll`` and
+  ``open_waiter`` raise ``NotSupported`` where the other one is the way to wait).
+
+Queue ids and receipts are chosen by the client (random), never by the store, so the store's
+side stays deterministic (Lua scripts, SQL) and a client can retry a ``put`` without
+duplicating.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..._core.records import (
+    AcquireResult,
+    Characteristics,
+    ClaimResult,
+    DeadLetterRow,
+    Delivery,
+    Grant,
+    NewMessage,
+    PutResult,
+    QueueStats,
+    Status,
+)
+
+
+# -- locks and semaphores -----------------------------------------------------------------
+@runtime_checkable
+class AsyncWaiter(Protocol):
+    """A wake-up channel for one waiting ``(name, holder)``, armed *before* the acquire step
+    that may leave it waiting, so no hand-over signal can be missed."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Block until woken or ``timeout`` seconds pass. True if woken."""
+        ...
+
+    def handed(self, wait_id: int) -> Grant | None:
+        """The grant a wake-up carried for the waiting entry ``wait_id``
+        (``AcquireResult.wait_id`` of the step that put or kept the caller in line), taken
+        once; ``None`` if none came, which is always the answer of a store whose wake-ups
+        carry no grant (every store but PostgreSQL).
+
+        The grant is already durable on the store; the caller holds it from then on without
+        another acquire step. It may be *unclaimed*: it lasts ``min(ttl, wait_ttl)`` until a
+        renewal extends it (see ``semaphore.py``)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncBackend(Protocol):
+    characteristics: Characteristics
+
+    async def acquire(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+    ) -> AcquireResult:
+        """Hold, join the line, or keep one's place (lock_machine.acquire). Idempotent per
+        holder. Waking the waiters this step granted on others' behalf is part of the
+        operation."""
+        ...
+
+    async def release(self, name: str, holder: str, token: int | None) -> bool:
+        """lock_machine.release, then wake whoever was granted."""
+        ...
+
+    async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
+        """lock_machine.renew: ``None`` means the lease is gone (lost)."""
+        ...
+
+    async def status(self, name: str) -> Status: ...
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        """Names that currently have holders or waiters, sorted, at most ``max_count``."""
+        ...
+
+    async def open_waiter(self, name: str, holder: str) -> AsyncWaiter: ...
+
+    def queues(self) -> AsyncQueueBackend:
+        """The queue operations of the same store, made once per backend. Raises
+        :class:`~turnstile.NotSupported` when ``characteristics.queues`` is False."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise BackendUnavailable if the store cannot be reached."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+# -- queues -------------------------------------------------------------------------------
+@runtime_checkable
+class AsyncQueueWaiter(Protocol):
+    """A wake-up channel for one blocked consumer, armed *before* the claim that registers
+    it (``claim(..., waiter=waiter.id)``), so no wake-up can be missed."""
+
+    id: str
+
+    async def wait(self, timeout: float) -> bool:
+        """Block until woken or ``timeout`` seconds pass. True if woken."""
+        ...
+
+    async def close(self, registered: bool = True) -> None:
+        """Stop listening; if ``registered`` (the last claim found nothing), also unregister
+        from the queue's waiters so no wake-up is spent on this one."""
+        ...
+
+
+@runtime_checkable
+class AsyncQueueBackend(Protocol):
+    async def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
+        """queue_machine.put; wakes the oldest waiter."""
+        ...
+
+    async def claim(
+        self,
+        name: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> ClaimResult:
+        """queue_machine.claim: deliver the next message, or register ``waiter``."""
+        ...
+
+    async def ack(self, name: str, id: str, receipt: str) -> bool: ...
+
+    async def nack(
+        self, name: str, id: str, receipt: str, *, delay: float, error: str | None
+    ) -> bool: ...
+
+    async def extend(self, name: str, id: str, receipt: str, seconds: float) -> float | None:
+        """The new deadline (store clock), or ``None`` if the receipt is stale."""
+        ...
+
+    async def stats(self, name: str, *, top_keys: int) -> QueueStats: ...
+
+    async def dead_letters(self, name: str, *, limit: int) -> list[DeadLetterRow]: ...
+
+    async def requeue(self, name: str, ids: list[str] | None) -> int: ...
+
+    async def purge_dead(self, name: str, ids: list[str] | None) -> int: ...
+
+    async def open_waiter(self, name: str) -> AsyncQueueWaiter:
+        """A waiter for a blocking get. Raises :class:`~turnstile.NotSupported` when
+        ``characteristics.long_poll_gets`` is True (the store side waits instead)."""
+        ...
+
+    async def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        """One claim that the store side holds open for up to ``wait`` seconds until a
+        message is deliverable (the HTTP service). Raises :class:`~turnstile.NotSupported`
+        when ``characteristics.long_poll_gets`` is False (every store that wakes a local
+        waiter)."""
+        ...
+
+    async def names(self, prefix: str, max_count: int) -> list[str]:
+        """Queues that hold messages (ready, delayed, in flight or dead) and whose names
+        start with ``prefix``: the first ``max_count`` in code-point order."""
+        ...
