@@ -24,7 +24,7 @@ from ..._core.records import AcquireResult, Characteristics, Grant, Status
 from ...errors import ConfigurationError
 from ...stores.redis import config as redis_config
 from ...stores.redis import keys, replies, scripts
-from ...stores.redis.config import MAX_BLOCK, RedisConfig
+from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS, connect_error
 from .. import _compat
 from .redis_connection import RedisConnection
