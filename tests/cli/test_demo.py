@@ -13,7 +13,7 @@ import pytest
 from turnstile import demo
 from turnstile.demo import EventRecord, Webhook, render
 
-from ._cli import run
+from ._invoke import run
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ import pytest
 
 import turnstile
 
-from ._cli import holders, py, run, spawn, stderr_of, wait_until, waiters
+from ._invoke import holders, py, run, spawn, stderr_of, wait_until, waiters
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ._cli import py, run, spawn, wait_until, waiters
+from ._invoke import py, run, spawn, wait_until, waiters
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,12 +1,12 @@
 """The ``turnstile`` command line (also ``python -m turnstile``).
 
 Each command lives in its own module under ``turnstile.cli`` and exposes
-``register(subparsers)``, which adds its parser (via :func:`._common.command_parser`, so it
+``register(subparsers)``, which adds its parser (via :func:`._support.command_parser`, so it
 takes ``--url``) and sets ``handler=`` to a function ``(args) -> exit code``. To add a
 command, write such a module and list it in :data:`COMMANDS`. ``register`` must stay cheap:
 import optional dependencies inside the handler.
 
-Errors end as one line on stderr and an exit code from :mod:`._common` (documented in
+Errors end as one line on stderr and an exit code from :mod:`._support` (documented in
 docs/cli.md): never a traceback, never a password.
 """
 
@@ -29,8 +29,8 @@ from ..errors import (
     LeaseLost,
     TurnstileError,
 )
-from . import _common
-from ._common import (
+from . import _support
+from ._support import (
     EXIT_CONFIG,
     EXIT_FAILURE,
     EXIT_LEASE_LOST,
@@ -66,14 +66,14 @@ run passes CMD's own exit code through. See docs/cli.md.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _common.ArgumentParser(
+    parser = _support.ArgumentParser(
         prog="turnstile",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"turnstile {__version__}")
-    _common.add_url_option(parser)
+    _support.add_url_option(parser)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for module_name in COMMANDS:
         module = importlib.import_module(f"{__name__}.{module_name}")
@@ -83,40 +83,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
-    _common.quiet_library_logs()
+    _support.quiet_library_logs()
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on bad arguments, 0 after --help/--version
-    handler: _common.Handler | None = getattr(args, "handler", None)
+    handler: _support.Handler | None = getattr(args, "handler", None)
     if handler is None:
-        _common.error(f"choose a command: {', '.join(COMMANDS)} (see: turnstile --help)")
+        _support.error(f"choose a command: {', '.join(COMMANDS)} (see: turnstile --help)")
         return EXIT_USAGE
-    secrets = _common.secrets_of(_common.given_url(args)) + _common.env_url_secrets()
+    secrets = _support.secrets_of(_support.given_url(args)) + _support.env_url_secrets()
     try:
         return handler(args)
     except InvalidArgument as exc:
-        _common.error(str(exc), secrets)
+        _support.error(str(exc), secrets)
         return EXIT_USAGE
     except ConfigurationError as exc:
-        _common.error(str(exc), secrets)
+        _support.error(str(exc), secrets)
         return EXIT_CONFIG
     except BackendUnavailable as exc:
-        _common.error(f"store unavailable: {exc}", secrets)
+        _support.error(f"store unavailable: {exc}", secrets)
         return EXIT_UNAVAILABLE
     except AcquireTimeout as exc:
-        _common.error(str(exc), secrets)
+        _support.error(str(exc), secrets)
         return EXIT_TIMEOUT
     except LeaseLost as exc:
-        _common.error(str(exc), secrets)
+        _support.error(str(exc), secrets)
         return EXIT_LEASE_LOST
     except TurnstileError as exc:
-        _common.error(str(exc), secrets)
+        _support.error(str(exc), secrets)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print(file=sys.stderr)
-        _common.note("interrupted")
+        _support.note("interrupted")
         return EXIT_SIGNAL_BASE + signal.SIGINT
     except Terminated as exc:
-        _common.note(f"stopped by {signal.Signals(exc.signum).name}")
+        _support.note(f"stopped by {signal.Signals(exc.signum).name}")
         return EXIT_SIGNAL_BASE + exc.signum
     except BrokenPipeError:
         # The reader went away (`turnstile status | head`): stop quietly.
@@ -126,5 +126,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # never a traceback: one line, and a code that says "bug"
         if os.environ.get("TURNSTILE_DEBUG"):
             traceback.print_exc()
-        _common.error(f"internal error ({type(exc).__name__}: {exc}); please report it", secrets)
+        _support.error(f"internal error ({type(exc).__name__}: {exc}); please report it", secrets)
         return EXIT_SOFTWARE

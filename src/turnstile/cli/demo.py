@@ -16,9 +16,9 @@ from .. import connect
 from .. import demo as scenario
 from .._core.urls import redact
 from ..demo import render
-from ..demo.scenario import orders_of
+from ..demo.arrivals import orders_of
 from ..errors import InvalidArgument
-from . import _common
+from . import _support
 
 MAX_ORDERS = 200
 MAX_EVENTS_PER_ORDER = 100
@@ -41,7 +41,7 @@ unique demo-…: prefix. Exit code 0 if every webhook ran, in order, 1 otherwise
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = _common.command_parser(
+    parser = _support.command_parser(
         subparsers,
         "demo",
         help="watch per-order locks keep webhooks in order while orders run in parallel",
@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     size.add_argument(
         "--orders",
         metavar="N",
-        type=_common.int_type("--orders", 1, MAX_ORDERS),
+        type=_support.int_type("--orders", 1, MAX_ORDERS),
         help=f"number of orders A, B, C, … (1 to {MAX_ORDERS}; default 2)",
     )
     events = size.add_mutually_exclusive_group()
@@ -70,28 +70,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     events.add_argument(
         "--events-per-order",
         metavar="K",
-        type=_common.int_type("--events-per-order", 1, MAX_EVENTS_PER_ORDER),
+        type=_support.int_type("--events-per-order", 1, MAX_EVENTS_PER_ORDER),
         help=f"the same number of events for every order (default {DEFAULT_EVENTS_PER_ORDER} "
         "with --orders)",
     )
     size.add_argument(
         "--workers",
         metavar="W",
-        type=_common.int_type("--workers", 1, MAX_WORKERS),
+        type=_support.int_type("--workers", 1, MAX_WORKERS),
         help=f"worker processes (1 to {MAX_WORKERS}; default: one per event, at most "
         f"{DEFAULT_MAX_WORKERS})",
     )
     size.add_argument(
         "--work-ms",
         metavar="MS",
-        type=_common.milliseconds_type("--work-ms", 60_000),
+        type=_support.milliseconds_type("--work-ms", 60_000),
         default=scenario.DEFAULT_WORK,
         help=f"work per webhook in ms (0 to 60000; default {scenario.DEFAULT_WORK * 1000:g})",
     )
     size.add_argument(
         "--gap-ms",
         metavar="MS",
-        type=_common.milliseconds_type("--gap-ms", 60_000),
+        type=_support.milliseconds_type("--gap-ms", 60_000),
         default=scenario.DEFAULT_GAP,
         help=f"time between arrivals in ms (0 to 60000; default {scenario.DEFAULT_GAP * 1000:g})",
     )
@@ -106,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     size.add_argument(
         "--ttl",
         metavar="S",
-        type=_common.ttl_type("--ttl"),
+        type=_support.ttl_type("--ttl"),
         default=10.0,
         help="lease ttl of the per-order locks (default 10)",
     )
@@ -124,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     out.add_argument(
         "--width",
         metavar="COLS",
-        type=_common.int_type("--width", 20, 400),
+        type=_support.int_type("--width", 20, 400),
         help="timeline width in columns (default: fit the terminal)",
     )
     parser.set_defaults(handler=demo_command, demo_parser=parser)
@@ -168,7 +168,7 @@ def demo_command(args: argparse.Namespace) -> int:
         counts, gap=args.gap_ms, work=args.work_ms, arrival=args.arrival, seed=args.seed
     )
     workers: int = args.workers or min(len(schedule), DEFAULT_MAX_WORKERS)
-    url: str | None = _common.given_url(args)
+    url: str | None = _support.given_url(args)
     if url is None:
         with tempfile.TemporaryDirectory(prefix="turnstile-demo-") as folder:
             db = os.path.join(folder, "demo.db")
@@ -223,7 +223,7 @@ def _demo(
     on_update = display.update if display is not None else None
     waited: float | None = None
     try:
-        with _common.stop_on_signals():  # SIGTERM: stop the workers, then exit 143
+        with _support.stop_on_signals():  # SIGTERM: stop the workers, then exit 143
             if queue_name is None:
                 result = scenario.run_scenario(
                     url,
@@ -245,8 +245,8 @@ def _demo(
                 )
                 result, waited = queued, scenario.worker_wait(queued)
     except scenario.DemoError as exc:
-        _common.error(f"the demo could not run: {exc}", _common.secrets_of(url))
-        return _common.EXIT_FAILURE
+        _support.error(f"the demo could not run: {exc}", _support.secrets_of(url))
+        return _support.EXIT_FAILURE
     if display is not None:
         display.finish()
     summary = scenario.summarize(result)
@@ -269,7 +269,7 @@ def _demo(
         )
         for line in lines:
             print(line, file=out)
-    return _common.EXIT_OK if summary.ok else _common.EXIT_FAILURE
+    return _support.EXIT_OK if summary.ok else _support.EXIT_FAILURE
 
 
 def _report(

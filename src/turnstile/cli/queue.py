@@ -11,7 +11,7 @@ from typing import Any
 from .._core import validate
 from .._core.records import QueueStats
 from ..errors import InvalidArgument
-from . import _common
+from . import _support
 
 EPILOG = """\
 examples:
@@ -34,7 +34,7 @@ get exits 75 when nothing came within --timeout; ack/nack exit 1 when the receip
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = _common.command_parser(
+    parser = _support.command_parser(
         subparsers,
         "queue",
         help="put, get and inspect keyed FIFO queues",
@@ -47,11 +47,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = parser.add_subparsers(title="queue commands", metavar="ACTION")
 
     def action(name: str, help: str) -> argparse.ArgumentParser:
-        p = _common.command_parser(sub, name, help=help, description=help)
-        p.add_argument("queue", metavar="QUEUE", type=_common.name_type("QUEUE"), help="queue name")
+        p = _support.command_parser(sub, name, help=help, description=help)
+        p.add_argument(
+            "queue", metavar="QUEUE", type=_support.name_type("QUEUE"), help="queue name"
+        )
         return p
 
-    p = _common.command_parser(
+    p = _support.command_parser(
         sub,
         "list",
         help="list queues that hold messages",
@@ -68,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--max",
         metavar="N",
-        type=_common.int_type("--max", 1, validate.MAX_LIST),
+        type=_support.int_type("--max", 1, validate.MAX_LIST),
         default=1000,
         help="at most N queues (default 1000)",
     )
@@ -102,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--max-attempts",
         metavar="N",
-        type=_common.int_type("--max-attempts", 1, validate.MAX_ATTEMPTS),
+        type=_support.int_type("--max-attempts", 1, validate.MAX_ATTEMPTS),
         default=5,
         help="deliveries before dead letter (default 5)",
     )
@@ -112,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--timeout",
         metavar="S",
-        type=_common.timeout_type("--timeout"),
+        type=_support.timeout_type("--timeout"),
         default=0.0,
         help="wait up to S seconds for one (default 0: do not wait)",
     )
@@ -126,13 +128,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--concurrency",
         metavar="N",
-        type=_common.limit_type("--concurrency"),
+        type=_support.limit_type("--concurrency"),
         help="take it only while fewer than N messages of the queue are in flight",
     )
     p.add_argument(
         "--max-attempts",
         metavar="N",
-        type=_common.int_type("--max-attempts", 1, validate.MAX_ATTEMPTS),
+        type=_support.int_type("--max-attempts", 1, validate.MAX_ATTEMPTS),
         default=5,
         help="deliveries before dead letter (default 5)",
     )
@@ -161,7 +163,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--top",
         metavar="N",
-        type=_common.int_type("--top", 1, 1000),
+        type=_support.int_type("--top", 1, 1000),
         default=10,
         help="how many of the deepest keys (default 10)",
     )
@@ -172,7 +174,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--limit",
         metavar="N",
-        type=_common.int_type("--limit", 1, validate.MAX_LIST),
+        type=_support.int_type("--limit", 1, validate.MAX_LIST),
         default=100,
         help="at most N (default 100)",
     )
@@ -191,11 +193,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
-    _common.error(
+    _support.error(
         "choose an action: list, put, get, ack, nack, stats, dead, requeue, purge "
         "(see: turnstile queue --help)"
     )
-    return _common.EXIT_USAGE
+    return _support.EXIT_USAGE
 
 
 def _seconds(option: str, check: Any) -> Any:
@@ -233,38 +235,38 @@ def _payload(args: argparse.Namespace) -> Any:
 
 
 def list_command(args: argparse.Namespace) -> int:
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         names = client.queue_names(args.prefix, args.max)
         stats = [client.queue(n).stats(top_keys=1) for n in names] if args.stats else []
     if args.json:
         _print_json([s.to_dict() for s in stats] if args.stats else names)
-        return _common.EXIT_OK
+        return _support.EXIT_OK
     if not names:
-        where = f" starting with {_common.printable(args.prefix)!r}" if args.prefix else ""
+        where = f" starting with {_support.printable(args.prefix)!r}" if args.prefix else ""
         print(f"no queue holds messages{where}")
-        return _common.EXIT_OK
+        return _support.EXIT_OK
     if not args.stats:
-        print("\n".join(_common.printable(n) for n in names))
-        return _common.EXIT_OK
-    width = max(5, *(len(_common.printable(s.name)) for s in stats))
+        print("\n".join(_support.printable(n) for n in names))
+        return _support.EXIT_OK
+    width = max(5, *(len(_support.printable(s.name)) for s in stats))
     print(
         f"{'QUEUE':<{width}}  {'READY':>7}  {'DELAYED':>7}  {'IN FLIGHT':>9}  {'DEAD':>7}  OLDEST"
     )
     for s in stats:
-        age = "-" if s.oldest_age is None else _common.duration(s.oldest_age)
+        age = "-" if s.oldest_age is None else _support.duration(s.oldest_age)
         print(
-            f"{_common.printable(s.name):<{width}}  {s.ready:>7}  {s.delayed:>7}  "
+            f"{_support.printable(s.name):<{width}}  {s.ready:>7}  {s.delayed:>7}  "
             f"{s.in_flight:>9}  {s.dead:>7}  {age}"
         )
-    return _common.EXIT_OK
+    return _support.EXIT_OK
 
 
 def put_command(args: argparse.Namespace) -> int:
     payload = _payload(args)
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         q = client.queue(args.queue, max_attempts=args.max_attempts, dedup_window=args.dedup_window)
         print(q.put(payload, key=args.key, delay=args.delay, dedup_id=args.dedup_id))
-    return _common.EXIT_OK
+    return _support.EXIT_OK
 
 
 def _message_dict(m: Any) -> dict[str, object]:
@@ -283,7 +285,7 @@ def _message_dict(m: Any) -> dict[str, object]:
 
 
 def get_command(args: argparse.Namespace) -> int:
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         q = client.queue(
             args.queue,
             visibility_timeout=args.visibility_timeout,
@@ -292,37 +294,37 @@ def get_command(args: argparse.Namespace) -> int:
         )
         m = q.get(timeout=args.timeout)
         if m is None:
-            _common.note(
-                f"no message in {_common.printable(args.queue)!r} within {args.timeout:g} s"
+            _support.note(
+                f"no message in {_support.printable(args.queue)!r} within {args.timeout:g} s"
             )
-            return _common.EXIT_TIMEOUT
+            return _support.EXIT_TIMEOUT
         record = _message_dict(m)
         if args.ack:
             record["acked"] = m.ack()
         _print_json(record)
-    return _common.EXIT_OK
+    return _support.EXIT_OK
 
 
 def settle_command(args: argparse.Namespace) -> int:
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         q = client.queue(args.queue)
         if args.settle == "ack":
             ok = q.ack(args.id, args.receipt)
         else:
             ok = q.nack(args.id, args.receipt, delay=args.delay, error=args.error)
     if not ok:
-        _common.error(
+        _support.error(
             f"{args.settle} refused: receipt is stale (the visibility timeout passed, "
             "or it was already settled); the message is or will be delivered again"
         )
-        return _common.EXIT_FAILURE
-    return _common.EXIT_OK
+        return _support.EXIT_FAILURE
+    return _support.EXIT_OK
 
 
 def render_stats(s: QueueStats) -> list[str]:
-    age = "-" if s.oldest_age is None else _common.duration(s.oldest_age)
+    age = "-" if s.oldest_age is None else _support.duration(s.oldest_age)
     lines = [
-        f"queue {_common.printable(s.name)}",
+        f"queue {_support.printable(s.name)}",
         f"  ready      {s.ready}",
         f"  delayed    {s.delayed}",
         f"  in flight  {s.in_flight}",
@@ -331,48 +333,48 @@ def render_stats(s: QueueStats) -> list[str]:
     ]
     if s.deepest_keys:
         lines.append("  deepest keys (pending messages)")
-        width = max(len(_common.printable(k.key)) for k in s.deepest_keys)
-        lines += [f"    {_common.printable(k.key):<{width}}  {k.pending}" for k in s.deepest_keys]
+        width = max(len(_support.printable(k.key)) for k in s.deepest_keys)
+        lines += [f"    {_support.printable(k.key):<{width}}  {k.pending}" for k in s.deepest_keys]
     return lines
 
 
 def stats_command(args: argparse.Namespace) -> int:
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         s = client.queue(args.queue).stats(top_keys=args.top)
     if args.json:
         _print_json(s.to_dict())
     else:
         print("\n".join(render_stats(s)))
-    return _common.EXIT_OK
+    return _support.EXIT_OK
 
 
 def dead_command(args: argparse.Namespace) -> int:
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         dead = client.queue(args.queue).dead_letters(limit=args.limit)
     if args.json:
         _print_json([d.to_dict() for d in dead])
-        return _common.EXIT_OK
+        return _support.EXIT_OK
     if not dead:
-        print(f"no dead letters in {_common.printable(args.queue)!r}")
-        return _common.EXIT_OK
+        print(f"no dead letters in {_support.printable(args.queue)!r}")
+        return _support.EXIT_OK
     for d in dead:
         payload = json.dumps(d.to_dict()["payload"], ensure_ascii=False)
         if len(payload) > 60:
             payload = payload[:57] + "..."
-        key = "-" if d.key is None else _common.printable(d.key)
+        key = "-" if d.key is None else _support.printable(d.key)
         print(
-            f"{d.id}  key={key}  attempts={d.attempts}  error={_common.printable(d.error or '-')}"
-            f"  payload={_common.printable(payload)}"
+            f"{d.id}  key={key}  attempts={d.attempts}  error={_support.printable(d.error or '-')}"
+            f"  payload={_support.printable(payload)}"
         )
-    return _common.EXIT_OK
+    return _support.EXIT_OK
 
 
 def dead_edit_command(args: argparse.Namespace) -> int:
     if bool(args.ids) == bool(args.all):
         args.edit_parser.error("give dead letter IDs or --all (not both)")
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         q = client.queue(args.queue)
         ids = None if args.all else args.ids
         count = q.requeue(ids) if args.edit == "requeue" else q.purge_dead(ids)
     print(f"{'requeued' if args.edit == 'requeue' else 'purged'} {count} dead letter(s)")
-    return _common.EXIT_OK
+    return _support.EXIT_OK

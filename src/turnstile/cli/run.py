@@ -22,8 +22,8 @@ from types import FrameType
 
 from .. import AcquireTimeout, BackendUnavailable, Lease, LeaseLost, Semaphore
 from .._core import timing
-from . import _common
-from ._common import (
+from . import _support
+from ._support import (
     EXIT_CANNOT_EXECUTE,
     EXIT_FAILURE,
     EXIT_LEASE_LOST,
@@ -64,7 +64,7 @@ TICK = 0.5  # the supervisor re-checks CMD and the lease at least this often (se
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = _common.command_parser(
+    parser = _support.command_parser(
         subparsers,
         "run",
         help="run a command while holding a lock or a semaphore slot",
@@ -79,24 +79,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument(
-        "--lock", metavar="NAME", type=_common.name_type("--lock"), help="lock name"
+        "--lock", metavar="NAME", type=_support.name_type("--lock"), help="lock name"
     )
     target.add_argument(
         "--semaphore",
         metavar="NAME",
-        type=_common.name_type("--semaphore"),
+        type=_support.name_type("--semaphore"),
         help="semaphore name (with --limit)",
     )
     parser.add_argument(
         "--limit",
         metavar="N",
-        type=_common.limit_type("--limit"),
+        type=_support.limit_type("--limit"),
         help="number of slots of --semaphore (1 to 1000000)",
     )
     parser.add_argument(
         "--ttl",
         metavar="S",
-        type=_common.ttl_type("--ttl"),
+        type=_support.ttl_type("--ttl"),
         default=30.0,
         help="lease time in seconds, renewed every ttl/3 while CMD runs; a crashed holder "
         "frees the name after at most this long (0.05 to 2592000; default 30)",
@@ -104,14 +104,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--timeout",
         metavar="S",
-        type=_common.timeout_type("--timeout"),
+        type=_support.timeout_type("--timeout"),
         default=None,
         help="give up after waiting S seconds (0: do not wait; default: wait without limit)",
     )
     parser.add_argument(
         "--holder",
         metavar="ID",
-        type=_common.holder_type("--holder"),
+        type=_support.holder_type("--holder"),
         help="holder id shown by status and given to CMD (default: host/pid/random); "
         "must be unique among concurrent runs, a reused id shares the lease",
     )
@@ -126,21 +126,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--kill-after",
         metavar="S",
-        type=_common.timeout_type("--kill-after"),
+        type=_support.timeout_type("--kill-after"),
         default=KILL_AFTER_DEFAULT,
         help=f"seconds between SIGTERM and SIGKILL (default {KILL_AFTER_DEFAULT:g})",
     )
     parser.add_argument(
         "--timeout-exit-code",
         metavar="N",
-        type=_common.int_type("--timeout-exit-code", 0, 255),
+        type=_support.int_type("--timeout-exit-code", 0, 255),
         default=EXIT_TIMEOUT,
         help=f"exit code when --timeout passes (default {EXIT_TIMEOUT}, EX_TEMPFAIL)",
     )
     parser.add_argument(
         "--lost-exit-code",
         metavar="N",
-        type=_common.int_type("--lost-exit-code", 0, 255),
+        type=_support.int_type("--lost-exit-code", 0, 255),
         default=EXIT_LEASE_LOST,
         help=f"exit code when the lease was lost while CMD ran (default {EXIT_LEASE_LOST})",
     )
@@ -174,12 +174,12 @@ def run_command(args: argparse.Namespace) -> int:
     holder: str = args.holder or timing.default_holder()
     alarm = _LostAlarm()
     if args.verbose:
-        _common.log_to_stderr()
+        _support.log_to_stderr()
 
-    client = _common.connect(args)
+    client = _support.connect(args)
     try:
         if not client.characteristics.cross_process:
-            _common.note(
+            _support.note(
                 f"warning: {client.characteristics.scheme}:// is private to this process; "
                 "no other process shares this lock"
             )
@@ -188,21 +188,21 @@ def run_command(args: argparse.Namespace) -> int:
             sem = client.lock(name, args.ttl, on_lost=alarm)
         else:
             sem = client.semaphore(name, limit, args.ttl, on_lost=alarm)
-        shown = f"{kind} {_common.printable(name)!r}"
+        shown = f"{kind} {_support.printable(name)!r}"
         started = time.monotonic()
         lease: Lease | None = None
         try:
             # Until the supervisor forwards them, SIGTERM/SIGHUP end us cleanly: leaving the
             # line, or releasing a lease granted a moment ago.
-            with _common.stop_on_signals():
+            with _support.stop_on_signals():
                 try:
                     lease = sem.acquire(timeout=args.timeout, holder=holder)
                 except AcquireTimeout:
-                    _common.error(_timeout_message(sem, shown, args.timeout))
+                    _support.error(_timeout_message(sem, shown, args.timeout))
                     return int(args.timeout_exit_code)
                 if args.verbose:
-                    _common.note(
-                        f"holding {shown} as {_common.printable(holder)!r} "
+                    _support.note(
+                        f"holding {shown} as {_support.printable(holder)!r} "
                         f"(token {lease.token}) after {time.monotonic() - started:.3f} s"
                     )
                 env = dict(os.environ)
@@ -229,7 +229,7 @@ def _timeout_message(sem: Semaphore, shown: str, timeout: float | None) -> str:
     except Exception:  # the message is best effort; the exit code says it all
         return message
     if status.holders:
-        holders = ", ".join(_common.printable(h.holder) for h in status.holders[:3])
+        holders = ", ".join(_support.printable(h.holder) for h in status.holders[:3])
         more = f" and {len(status.holders) - 3} more" if len(status.holders) > 3 else ""
         message += f" (held by {holders}{more}"
         message += f"; {len(status.waiters)} waiting)" if status.waiters else ")"
@@ -349,11 +349,11 @@ class _Supervisor:
                     try:
                         self.child = _Child(self.command, self.env, old_mask)
                     except FileNotFoundError:
-                        _common.error(f"command not found: {_common.printable(self.command[0])}")
+                        _support.error(f"command not found: {_support.printable(self.command[0])}")
                         return EXIT_NOT_FOUND
                     except OSError as exc:
-                        _common.error(
-                            f"cannot execute {_common.printable(self.command[0])}: "
+                        _support.error(
+                            f"cannot execute {_support.printable(self.command[0])}: "
                             f"{exc.strerror or exc}"
                         )
                         return EXIT_CANNOT_EXECUTE
@@ -361,7 +361,7 @@ class _Supervisor:
             except LeaseLost:
                 self._lost()  # noticed only as the block ended
             except BackendUnavailable as exc:
-                _common.note(
+                _support.note(
                     f"warning: could not release {self.shown} ({exc}); "
                     f"it expires by itself within {self.lease.ttl:g} s"
                 )
@@ -375,7 +375,7 @@ class _Supervisor:
                 if handler is not None:
                     signal.signal(signum, handler)
         if self.lost_at is not None:
-            _common.error(
+            _support.error(
                 f"exiting with {self.lost_exit_code}: the lease was lost while the command "
                 f"ran (it exited with {code})"
             )
@@ -393,7 +393,7 @@ class _Supervisor:
         action = (
             "sending the command SIGTERM" if self.on_lost == "terminate" else "letting it finish"
         )
-        _common.error(
+        _support.error(
             f"lost the lease on {self.shown} (token {self.lease.token}) while the command "
             f"ran: it expired or was taken over, so another holder may run now; {action}"
         )

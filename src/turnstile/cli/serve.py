@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import _common
+from . import _support
 
 EPILOG = """\
 examples:
@@ -24,7 +24,7 @@ exit codes: 0 stopped by SIGTERM/SIGINT; 2 bad arguments; 69 store unavailable;
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from ..server.cli import add_arguments, run
 
-    parser = _common.command_parser(
+    parser = _support.command_parser(
         subparsers,
         "serve",
         help="run the HTTP service, dashboard and metrics",

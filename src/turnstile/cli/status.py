@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import Status
 from .._core.urls import redact
-from . import _common
+from . import _support
 
 EPILOG = """\
 examples:
@@ -29,7 +29,7 @@ MAX_NAMES = 1000
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = _common.command_parser(
+    parser = _support.command_parser(
         subparsers,
         "status",
         help="show holders and waiters",
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=EPILOG,
     )
     parser.add_argument(
-        "name", metavar="NAME", nargs="?", type=_common.name_type("NAME"), help="lock or semaphore"
+        "name", metavar="NAME", nargs="?", type=_support.name_type("NAME"), help="lock or semaphore"
     )
     parser.add_argument(
         "--prefix", metavar="P", default="", help="without NAME: only names starting with P"
@@ -53,14 +53,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def status_command(args: argparse.Namespace) -> int:
     if args.name is not None and args.prefix:
         args.status_parser.error("--prefix applies only without NAME")
-    with _common.connect(args) as client:
+    with _support.connect(args) as client:
         if args.name is not None:
             status = client.status(args.name)
             if args.json:
                 _print_json(status.to_dict())
             else:
                 print("\n".join(render(status)))
-            return _common.EXIT_OK
+            return _support.EXIT_OK
         names = client.names(args.prefix, MAX_NAMES + 1)
         truncated = len(names) > MAX_NAMES
         statuses = [client.status(name) for name in names[:MAX_NAMES]]
@@ -69,21 +69,21 @@ def status_command(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             {
-                "url": redact(_common.resolved_url(args)),
+                "url": redact(_support.resolved_url(args)),
                 "names": [s.to_dict() for s in statuses],
                 "truncated": truncated,
             }
         )
-        return _common.EXIT_OK
+        return _support.EXIT_OK
     if not statuses:
-        where = f" starting with {_common.printable(args.prefix)!r}" if args.prefix else ""
+        where = f" starting with {_support.printable(args.prefix)!r}" if args.prefix else ""
         print(f"no names{where} have holders or waiters")
-        return _common.EXIT_OK
+        return _support.EXIT_OK
     blocks = ["\n".join(render(s)) for s in statuses]
     print("\n\n".join(blocks))
     if truncated:
         print(f"\n(only the first {MAX_NAMES} names are shown; narrow them with --prefix)")
-    return _common.EXIT_OK
+    return _support.EXIT_OK
 
 
 def _print_json(data: Any) -> None:
@@ -93,7 +93,7 @@ def _print_json(data: Any) -> None:
 
 def render(status: Status) -> list[str]:
     """The status of one name as lines of text."""
-    name = _common.printable(status.name)
+    name = _support.printable(status.name)
     if not status.holders and not status.waiters:
         return [f"{name}: free (no holders, no waiters)"]
     limit = "?" if status.limit is None else str(status.limit)
@@ -103,10 +103,10 @@ def render(status: Status) -> list[str]:
     for h in status.holders:
         rows.append(
             (
-                _common.printable(h.holder),
+                _support.printable(h.holder),
                 str(h.token),
-                _common.duration(status.now - h.acquired_at),
-                _common.duration(h.expires_at - status.now),
+                _support.duration(status.now - h.acquired_at),
+                _support.duration(h.expires_at - status.now),
             )
         )
     lines += _table(rows, right={1, 2, 3})
@@ -116,8 +116,8 @@ def render(status: Status) -> list[str]:
             rows.append(
                 (
                     str(w.position),
-                    _common.printable(w.holder),
-                    _common.duration(status.now - w.joined_at),
+                    _support.printable(w.holder),
+                    _support.duration(status.now - w.joined_at),
                 )
             )
         lines += _table(rows, right={0, 2})

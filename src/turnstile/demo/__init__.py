@@ -2,7 +2,7 @@
 land on different worker processes; work for one order must run one at a time, in arrival
 order, while different orders run in parallel.
 
-* :mod:`~turnstile.demo.scenario`: the arrivals (:func:`arrival_schedule`) and what is
+* :mod:`~turnstile.demo.arrivals`: the arrivals (:func:`arrival_schedule`) and what is
   recorded about each webhook (:class:`EventRecord`); no I/O.
 * :mod:`~turnstile.demo.workers`: running them with real worker processes against a store,
   under per-order locks (:func:`run_scenario`, any :class:`OrderLock` named by
@@ -17,19 +17,7 @@ together.
 
 from __future__ import annotations
 
-from .judge import (
-    Ideal,
-    Summary,
-    Violation,
-    handover_latencies,
-    ideal_makespan,
-    makespan,
-    order_violations,
-    parallelism,
-    summarize,
-)
-from .render import render_timeline
-from .scenario import (
+from .arrivals import (
     ARRIVALS,
     DEFAULT_EVENTS,
     DEFAULT_GAP,
@@ -43,6 +31,18 @@ from .scenario import (
     arrival_schedule,
     order_labels,
 )
+from .judge import (
+    Ideal,
+    Summary,
+    Violation,
+    handover_latencies,
+    ideal_makespan,
+    makespan,
+    order_violations,
+    parallelism,
+    summarize,
+)
+from .render import render_timeline
 from .workers import (
     DEFAULT_STRATEGY,
     OrderLock,

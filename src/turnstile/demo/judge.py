@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .scenario import EventRecord, Failure, ScenarioResult, Webhook
+from .arrivals import EventRecord, Failure, ScenarioResult, Webhook
 
 
 @dataclass(frozen=True, slots=True)

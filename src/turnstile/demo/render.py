@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from .arrivals import EventRecord, Update, Webhook, orders_of
 from .judge import Summary
-from .scenario import EventRecord, Update, Webhook, orders_of
 
 SHOWN_IDS = 12  # webhook ids named in the opening line
 

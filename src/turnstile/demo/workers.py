@@ -38,7 +38,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
 from .. import Client, Lease, Lock, connect
-from .scenario import DemoError, EventRecord, Failure, ScenarioResult, Update, Webhook
+from .arrivals import DemoError, EventRecord, Failure, ScenarioResult, Update, Webhook
 
 DEFAULT_STRATEGY = "turnstile.demo:TurnstileOrderLock"
 IDLE_LIMIT = 120.0  # a worker that gets nothing for this long exits (bounds every wait)

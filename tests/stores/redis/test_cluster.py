@@ -13,7 +13,7 @@ from redis.crc import key_slot
 import turnstile
 from turnstile.stores.redis import keys as redis_keys
 
-from ._servers import move_slot, redis_cluster, wait_until
+from ._tools import move_slot, redis_cluster, wait_until
 
 pytestmark = [pytest.mark.redis_cluster, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import redis
 
 import turnstile
 
-from ._servers import CuttingProxy, RedisProcess, redis_process, wait_until
+from ._tools import CuttingProxy, RedisProcess, redis_process, wait_until
 
 pytestmark = pytest.mark.redis
 

@@ -20,7 +20,7 @@ import pytest
 import turnstile
 from turnstile import LeaseLost
 
-from ._servers import RedisProcess, redis_process
+from ._tools import RedisProcess, redis_process
 
 pytestmark = pytest.mark.redis
 

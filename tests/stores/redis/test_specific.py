@@ -21,7 +21,7 @@ import turnstile
 import turnstile.aio
 from turnstile.stores.redis import keys as redis_keys
 
-from ._servers import RedisProcess, free_port, redis_process
+from ._tools import RedisProcess, free_port, redis_process
 
 pytestmark = pytest.mark.redis
 
