@@ -80,6 +80,16 @@ class Client:
             dedup_window=dedup_window,
         )
 
+    @property
+    def supports_queues(self) -> bool:
+        """Whether this client's store keeps queues (else :meth:`queue` raises
+        :class:`~turnstile.NotSupported`)."""
+        try:
+            self._queues()
+        except NotSupported:
+            return False
+        return True
+
     def _queues(self) -> QueueBackend:
         queues = getattr(self.backend, "queues", None)
         if queues is None:

@@ -1,6 +1,6 @@
 """Queue endpoints (``/v1/queues/*``, the admin requeue and purge of dead letters): each
-validates, checks the token, and makes one call on the client API's queue (or one step of
-the queue protocol, for ``put`` with a caller-chosen id and ``claim``).
+checks the token and makes one call on the public client API's queue, which checks the
+arguments' ranges. :func:`endpoints` is their part of the endpoint table.
 
 Payloads travel as JSON: ``payload`` is any JSON value; a bytes payload travels as
 ``payload_base64`` instead (and is answered the same way).
@@ -10,71 +10,52 @@ from __future__ import annotations
 
 import base64
 import binascii
-import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
 
-from .._core import records, validate
-from .._core.payload import decode_payload, encode_payload
+from .._core import validate
+from .._core.payload import decode_payload
 from .._core.records import Delivery
-from ..errors import InvalidArgument, NotSupported
-from .common import (
-    CLOSING,
-    DONE,
-    MAX_LIST,
-    Body,
-    Ctx,
-    integral,
-    long_poll,
-    query_int,
-    shutting_down,
-)
+from ..aio import AsyncQueue
+from ..errors import InvalidArgument
+from .common import CLOSING, DONE, Ctx, long_poll, shutting_down
+from .openapi import BASE64, LISTING, QUEUE, TEXT_ID, TIME, obj, queue_settings, ref
+from .table import Endpoint, Field, Schema
 
-SETTINGS = {"visibility_timeout", "max_attempts", "concurrency"}
+if TYPE_CHECKING:
+    from .config import ServerConfig
 
 
-def _name(ctx: Ctx, body: Body, *, write: bool) -> str:
-    name = validate.name(body.required("queue"), "queue")
-    if write:
-        ctx.may_write(name)
-    else:
-        ctx.may_read(name)
-    return name
-
-
-def _queue(ctx: Ctx, name: str, body: Body) -> Any:
-    """The client API's queue object, with the caller's settings (validated there)."""
-    return ctx.client.queue(
-        name,
-        visibility_timeout=body.get("visibility_timeout", 30.0),
-        max_attempts=integral(body.get("max_attempts", 5)),
-        concurrency=integral(body.get("concurrency")),
-        dedup_window=body.get("dedup_window", validate.DEFAULT_DEDUP_WINDOW),
+def _queue(ctx: Ctx, *, write: bool) -> AsyncQueue:
+    """The client API's queue the request names, with the caller's settings (its
+    constructor checks them), once the token may use it."""
+    args = ctx.args
+    q = ctx.client.queue(
+        args["queue"],
+        visibility_timeout=args.get("visibility_timeout", 30.0),
+        max_attempts=args.get("max_attempts", 5),
+        concurrency=args.get("concurrency"),
+        dedup_window=args.get("dedup_window", validate.DEFAULT_DEDUP_WINDOW),
     )
+    if write:
+        ctx.may_write(q.name)
+    else:
+        ctx.may_read(q.name)
+    return q
 
 
-def _protocol(ctx: Ctx) -> Any:
-    queues = getattr(ctx.client.backend, "queues", None)
-    if queues is None:
-        raise NotSupported("the store behind this service has no queues")
-    return queues()
-
-
-def _payload(body: Body) -> Any:
-    has_json = "payload" in body.data
-    has_bytes = body.data.get("payload_base64") is not None
-    if has_json == has_bytes:
+def _payload(ctx: Ctx) -> Any:
+    has_json = "payload" in ctx.args.raw
+    encoded = ctx.args.get("payload_base64")
+    if has_json == (encoded is not None):
         raise InvalidArgument(
             "give exactly one of payload (any JSON value) or payload_base64 (bytes, base64)"
         )
     if has_json:
-        return body.data["payload"]
-    text = body.data["payload_base64"]
-    if not isinstance(text, str):
-        raise InvalidArgument("payload_base64 must be a string of base64")
+        return ctx.args.raw["payload"]
     try:
-        return base64.b64decode(text, validate=True)
+        return base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidArgument("payload_base64 is not valid base64") from None
 
@@ -98,36 +79,24 @@ def message_dict(d: Delivery) -> dict[str, Any]:
 
 
 async def put(ctx: Ctx) -> Any:
-    body = await ctx.body(
-        {"queue", "payload", "payload_base64", "key", "delay", "dedup_id", "id",
-         "max_attempts", "dedup_window"}
+    q = _queue(ctx, write=True)
+    args = ctx.args
+    result = await q.put_message(
+        _payload(ctx), args.get("key"), args.get("delay", 0.0), args.get("dedup_id"),
+        id=args.get("id"),
     )
-    name = _name(ctx, body, write=True)
-    q = _queue(ctx, name, body)
-    encoded, kind = encode_payload(_payload(body))
-    given = body.get("id")
-    message = records.NewMessage(
-        id=secrets.token_hex(12) if given is None else validate.message_id(given),
-        key=validate.key(body.get("key")),
-        body=encoded,
-        kind=kind,
-        delay=validate.delay(body.get("delay", 0.0)),
-        dedup_id=validate.dedup_id(body.get("dedup_id")),
-        max_attempts=q.max_attempts,
-    )
-    result = await _protocol(ctx).put(name, message, dedup_window=q.dedup_window)
     ctx.tracker.queue_event(
-        "put" if result.created else "put_deduplicated", name, result.id, message.key
+        "put" if result.created else "put_deduplicated", q.name, result.id, args.get("key")
     )
     return {"id": result.id, "created": result.created, "now": result.now}
 
 
 async def get(ctx: Ctx) -> Any:
     """Long poll for the next deliverable message."""
-    body = await ctx.body({"queue", "wait", *SETTINGS})
-    name = _name(ctx, body, write=True)
-    q = _queue(ctx, name, body)
-    wait = validate.seconds(body.get("wait", 0.0), "wait", high=ctx.service.config.max_wait)
+    q = _queue(ctx, write=True)
+    name = q.name
+    # The service's own bound on a long poll, not a rule of the primitive.
+    wait = validate.seconds(ctx.args.get("wait", 0.0), "wait", high=ctx.service.config.max_wait)
     outcome, message = await long_poll(ctx.request, ctx.service.closing, q.get(wait))
     if outcome != DONE:
         if message is not None:
@@ -155,21 +124,11 @@ async def get(ctx: Ctx) -> Any:
 
 async def claim(ctx: Ctx) -> Any:
     """Low level: one claim step, never waits (what a non-blocking get does)."""
-    body = await ctx.body({"queue", "receipt", *SETTINGS})
-    name = _name(ctx, body, write=True)
-    q = _queue(ctx, name, body)
-    given = body.get("receipt")
-    result = await _protocol(ctx).claim(
-        name,
-        receipt=secrets.token_hex(12) if given is None else validate.receipt(given),
-        visibility_timeout=q.visibility_timeout,
-        concurrency=q.concurrency,
-        max_attempts=q.max_attempts,
-        waiter=None,
-    )
+    q = _queue(ctx, write=True)
+    result = await q.claim(ctx.args.get("receipt"))
     delivery = result.delivery
     if delivery is not None:
-        ctx.tracker.queue_event("delivered", name, delivery.id, delivery.key, delivery.attempt)
+        ctx.tracker.queue_event("delivered", q.name, delivery.id, delivery.key, delivery.attempt)
     return {
         "message": None if delivery is None else message_dict(delivery),
         "now": result.now,
@@ -178,57 +137,38 @@ async def claim(ctx: Ctx) -> Any:
 
 
 async def ack(ctx: Ctx) -> Any:
-    body = await ctx.body({"queue", "id", "receipt"})
-    name = _name(ctx, body, write=True)
-    ok = await ctx.client.queue(name).ack(body.required("id"), body.required("receipt"))
+    q = _queue(ctx, write=True)
+    ok = await q.ack(ctx.args["id"], ctx.args["receipt"])
     if ok:
-        ctx.tracker.queue_event("acked", name, body.data["id"], None)
+        ctx.tracker.queue_event("acked", q.name, ctx.args["id"], None)
     return {"acked": ok}
 
 
 async def nack(ctx: Ctx) -> Any:
-    body = await ctx.body({"queue", "id", "receipt", "delay", "error"})
-    name = _name(ctx, body, write=True)
-    ok = await ctx.client.queue(name).nack(
-        body.required("id"), body.required("receipt"), body.get("delay", 0.0), body.get("error")
-    )
+    q = _queue(ctx, write=True)
+    args = ctx.args
+    ok = await q.nack(args["id"], args["receipt"], args.get("delay", 0.0), args.get("error"))
     if ok:
-        ctx.tracker.queue_event("nacked", name, body.data["id"], None)
+        ctx.tracker.queue_event("nacked", q.name, args["id"], None)
     return {"nacked": ok}
 
 
 async def extend(ctx: Ctx) -> Any:
-    body = await ctx.body({"queue", "id", "receipt", "seconds"})
-    name = _name(ctx, body, write=True)
-    deadline = await ctx.client.queue(name).extend(
-        body.required("id"), body.required("receipt"), body.required("seconds")
-    )
+    q = _queue(ctx, write=True)
+    deadline = await q.extend(ctx.args["id"], ctx.args["receipt"], ctx.args["seconds"])
     return {"extended": deadline is not None, "deadline": deadline}
 
 
 async def stats(ctx: Ctx) -> Any:
-    if ctx.request.method == "GET":
-        params = ctx.request.query_params
-        body = Body({"queue": params.get("queue")}, {"queue"})
-        top = query_int(ctx.request, "top_keys", 10, 1, validate.MAX_LIST)
-    else:
-        body = await ctx.body({"queue", "top_keys"})
-        top = integral(body.get("top_keys", 10))
-    name = _name(ctx, body, write=False)
-    found = await ctx.client.queue(name).stats(top)
+    q = _queue(ctx, write=False)
+    found = await q.stats(ctx.args.get("top_keys", 10))
     result: dict[str, Any] = found.to_dict()
     return result
 
 
 async def dead(ctx: Ctx) -> Any:
-    if ctx.request.method == "GET":
-        body = Body({"queue": ctx.request.query_params.get("queue")}, {"queue"})
-        limit = query_int(ctx.request, "limit", 100, 1, validate.MAX_LIST)
-    else:
-        body = await ctx.body({"queue", "limit"})
-        limit = integral(body.get("limit", 100))
-    name = _name(ctx, body, write=False)
-    letters = await ctx.client.queue(name).dead_letters(limit)
+    q = _queue(ctx, write=False)
+    letters = await q.dead_letters(ctx.args.get("limit", 100))
     return {
         "dead_letters": [
             {
@@ -246,27 +186,173 @@ async def dead(ctx: Ctx) -> Any:
 
 
 async def requeue_dead(ctx: Ctx) -> Any:
-    body = await ctx.body({"queue", "ids"})
-    name = _name(ctx, body, write=True)
+    q = _queue(ctx, write=True)
     ctx.admin()
-    count = await ctx.client.queue(name).requeue(body.get("ids"))
-    ctx.tracker.queue_event("requeued", name, None, None, detail=f"{count} dead letter(s)")
+    count = await q.requeue(ctx.args.get("ids"))
+    ctx.tracker.queue_event("requeued", q.name, None, None, detail=f"{count} dead letter(s)")
     return {"requeued": count}
 
 
 async def purge_dead(ctx: Ctx) -> Any:
-    body = await ctx.body({"queue", "ids"})
-    name = _name(ctx, body, write=True)
+    q = _queue(ctx, write=True)
     ctx.admin()
-    count = await ctx.client.queue(name).purge_dead(body.get("ids"))
-    ctx.tracker.queue_event("purged", name, None, None, detail=f"{count} dead letter(s)")
+    count = await q.purge_dead(ctx.args.get("ids"))
+    ctx.tracker.queue_event("purged", q.name, None, None, detail=f"{count} dead letter(s)")
     return {"purged": count}
 
 
 async def names(ctx: Ctx) -> Any:
     """Queues that hold messages (and the ones configured with ``--queue``) whose names
     start with ``prefix``, that the token may read."""
-    prefix = ctx.request.query_params.get("prefix", "")
-    max_count = query_int(ctx.request, "max_count", 1000, 1, MAX_LIST)
+    prefix = ctx.args.get("prefix", "")
+    max_count = ctx.args.get("max_count", 1000)
     listed, truncated = await ctx.service.queue_names(ctx.principal, prefix, max_count)
     return {"queues": listed, "truncated": truncated}
+
+
+# -- the endpoint table ----------------------------------------------------------------------
+
+
+def endpoints(config: ServerConfig) -> list[Endpoint]:
+    """The queue part of the endpoint table."""
+    tag = "queues"
+    queue = Field("queue", QUEUE, required=True)
+    settle = (queue, Field("id", TEXT_ID, required=True), Field("receipt", TEXT_ID, required=True))
+    settings = tuple(Field(k, v) for k, v in queue_settings().items())
+    count: Schema = {"type": "integer", "minimum": 1, "maximum": validate.MAX_LIST}
+    ids = Field("ids", {
+        "type": ["array", "null"], "maxItems": validate.MAX_LIST, "items": TEXT_ID,
+        "description": "Dead letters by id (default: all).",
+    })
+    message: Schema = {"oneOf": [ref("QueueMessage"), {"type": "null"}]}
+    table = [
+        Endpoint(
+            "/v1/queues", names, "queues_list", tag,
+            "Queues that hold messages (ready, delayed, in flight or dead), and "
+            "those configured with --queue, whose names start with `prefix`, that the token "
+            "may read; in code-point order.",
+            methods=("GET",),
+            fields=LISTING,
+            response=obj(["queues", "truncated"], {
+                "queues": {"type": "array", "items": {"type": "string"}},
+                "truncated": {"type": "boolean"},
+            }),
+        ),
+        Endpoint(
+            "/v1/queues/put", put, "queues_put", tag,
+            "Put a message",
+            "One message per key is in flight at a time, in put order; keyless messages are "
+            f"plain FIFO. The encoded payload may be at most {validate.MAX_PAYLOAD_BYTES} "
+            "bytes. The same `dedup_id` within `dedup_window` seconds stores nothing and "
+            "answers the first message's id with `created: false`. A caller-chosen `id` makes "
+            "retries safe.",
+            fields=(
+                queue,
+                Field("payload", {"description": "Any JSON value."}),
+                Field("payload_base64", BASE64),
+                Field("key", {**TEXT_ID, "maxLength": validate.MAX_KEY_BYTES,
+                              "description": f"1 to {validate.MAX_KEY_BYTES} bytes of UTF-8."}),
+                Field("delay", {"type": "number", "minimum": 0, "maximum": validate.MAX_DELAY,
+                                "default": 0}),
+                Field("dedup_id", {**TEXT_ID, "maxLength": validate.MAX_DEDUP_ID_BYTES}),
+                Field("id", TEXT_ID),
+                Field("max_attempts", queue_settings()["max_attempts"]),
+                Field("dedup_window", {"type": "number", "minimum": validate.MIN_DEDUP_WINDOW,
+                                       "maximum": validate.MAX_DEDUP_WINDOW,
+                                       "default": validate.DEFAULT_DEDUP_WINDOW}),
+            ),
+            body_extra={"oneOf": [{"required": ["payload"]}, {"required": ["payload_base64"]}]},
+            response=obj(["id", "created", "now"], {
+                "id": {"type": "string"}, "created": {"type": "boolean"}, "now": TIME,
+            }),
+        ),
+        Endpoint(
+            "/v1/queues/get", get, "queues_get", tag,
+            "Take the next deliverable message, waiting up to `wait` seconds",
+            "The oldest ready message whose key has nothing in flight, while fewer than "
+            "`concurrency` are in flight. `message: null` if none came within `wait` (at most "
+            f"{config.max_wait:g} s on this service). Settle it with ack, nack or extend before "
+            "its `deadline`. If the client disconnects while a message is being handed to it, "
+            "the message is returned to the queue at once.",
+            fields=(
+                queue,
+                Field("wait", {"type": "number", "minimum": 0, "maximum": config.max_wait,
+                               "default": 0}),
+                *settings,
+            ),
+            response=obj(["message"], {"message": message}),
+        ),
+        Endpoint(
+            "/v1/queues/claim", claim, "queues_claim", tag,
+            "Low level: one claim step (never waits), with the store's `now` and `retry_after`",
+            "Used by the Python client.",
+            fields=(queue, Field("receipt", TEXT_ID), *settings),
+            response=obj(["message", "now", "retry_after"], {
+                "message": message,
+                "now": TIME,
+                "retry_after": {"type": ["number", "null"], "minimum": 0},
+            }),
+        ),
+        Endpoint(
+            "/v1/queues/ack", ack, "queues_ack", tag,
+            "Done: delete the message (from any process)",
+            "`acked: false` if the receipt is stale (the message timed out and is, or will "
+            "be, delivered again) or it was already settled.",
+            fields=settle,
+            response=obj(["acked"], {"acked": {"type": "boolean"}}),
+        ),
+        Endpoint(
+            "/v1/queues/nack", nack, "queues_nack", tag,
+            "Failed: deliver again after `delay` (before later messages of its key)",
+            "After `max_attempts` deliveries the message becomes a dead letter with `error`.",
+            fields=(
+                *settle,
+                Field("delay", {"type": "number", "minimum": 0, "maximum": validate.MAX_DELAY,
+                                "default": 0}),
+                Field("error", {"type": ["string", "null"], "description": "Why (kept, "
+                                f"truncated to {validate.MAX_ERROR_CHARS} characters)."}),
+            ),
+            response=obj(["nacked"], {"nacked": {"type": "boolean"}}),
+        ),
+        Endpoint(
+            "/v1/queues/extend", extend, "queues_extend", tag,
+            "Keep a message invisible for `seconds` from now",
+            fields=(
+                *settle,
+                Field("seconds", {k: v for k, v in queue_settings()["visibility_timeout"].items()
+                                  if k != "default"}, required=True),
+            ),
+            response=obj(["extended", "deadline"], {
+                "extended": {"type": "boolean"}, "deadline": {"type": ["number", "null"]},
+            }),
+        ),
+        Endpoint(
+            "/v1/queues/stats", stats, "queues_stats", tag,
+            "Counts: ready, delayed, in flight, dead; oldest age; deepest keys",
+            "Read-only.",
+            methods=("GET", "POST"),
+            fields=(queue, Field("top_keys", count)),
+            response=ref("QueueStats"),
+        ),
+        Endpoint(
+            "/v1/queues/dead", dead, "queues_dead", tag,
+            "Dead letters in put order",
+            "Read-only.",
+            methods=("GET", "POST"),
+            fields=(queue, Field("limit", count)),
+            response=obj(["dead_letters"], {"dead_letters": {"type": "array",
+                                                             "items": ref("DeadLetter")}}),
+        ),
+    ]
+    for path, handler, op, summary, key in (
+        ("/v1/admin/requeue-dead", requeue_dead, "requeue_dead", "Admin: put dead letters back "
+         "at the end of the queue, attempts reset", "requeued"),
+        ("/v1/admin/purge-dead", purge_dead, "purge_dead", "Admin: delete dead letters",
+         "purged"),
+    ):
+        table.append(Endpoint(
+            path, handler, op, "admin", summary, "Needs an admin token that may write the queue.",
+            fields=(queue, ids),
+            response=obj([key], {key: {"type": "integer", "minimum": 0}}),
+        ))
+    return table
