@@ -189,8 +189,13 @@ class Ctx:
         self.service = service
         self.principal = principal
         self.args = args  # the request's fields, as the endpoint table declares them
-        self.client = service.client
         self.tracker = service.tracker
+
+    @property
+    def client(self) -> AsyncClient:
+        # Looked up when used: while the service is starting it answers backend_unavailable,
+        # which /healthz reports in its own form.
+        return self.service.client
 
     def may_read(self, name: str) -> None:
         if not self.principal.can_read(name):

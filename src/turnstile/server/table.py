@@ -163,7 +163,15 @@ def _typed(spec: Field, value: Any) -> Any:
          "boolean": "true or false", "array": "an array"}[t]
         for t in sorted(types)
     )
-    raise InvalidArgument(f"{spec.name} must be {wanted}, got {json_type(value)}")
+    low, high = spec.schema.get("minimum"), spec.schema.get("maximum")
+    bounds = "" if low is None or high is None else f" from {_show(low)} to {_show(high)}"
+    raise InvalidArgument(f"{spec.name} must be {wanted}{bounds}, got {json_type(value)}")
+
+
+def _show(bound: float) -> str:
+    if isinstance(bound, float) and not bound.is_integer():
+        return f"{bound:g}"
+    return str(int(bound))
 
 
 def _query(request: Request, endpoint: Endpoint) -> dict[str, Any]:
