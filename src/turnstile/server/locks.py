@@ -278,7 +278,7 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
             response=obj(["woken"], {"woken": {"type": "boolean"}}),
         ),
         Endpoint(
-            "/v1/names", names, "names", "locks",
+            "/v1/names", names, "names", ("locks", "semaphores"),
             "Names that have holders or waiters now (only those the token may read)",
             methods=("GET",),
             fields=LISTING,

@@ -122,7 +122,7 @@ def _operation(endpoint: Endpoint, method: str) -> Schema:
     operation: Schema = {
         "operationId": endpoint.op_id if method == "POST" or len(endpoint.methods) == 1
         else endpoint.op_id + "_get",
-        "tags": [endpoint.tag],
+        "tags": [endpoint.tag] if isinstance(endpoint.tag, str) else list(endpoint.tag),
         "summary": endpoint.summary if method == "POST" or len(endpoint.methods) == 1
         else endpoint.summary + " (fields as query parameters)",
     }

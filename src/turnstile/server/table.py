@@ -52,7 +52,7 @@ class Endpoint:
     path: str
     handler: Handler
     op_id: str
-    tag: str
+    tag: str | tuple[str, ...]
     summary: str
     description: str = ""
     methods: tuple[str, ...] = ("POST",)
