@@ -145,9 +145,24 @@ class AsyncQueue:
         ``delay``: seconds before it can be delivered (it also holds back later messages of
         its key). ``dedup_id``: a second put with the same id within ``dedup_window``
         seconds stores nothing and returns the first message's id."""
+        result = await self.put_message(payload, key, delay, dedup_id)
+        return result.id
+
+    async def put_message(
+        self,
+        payload: Any,
+        key: str | None = None,
+        delay: float = 0.0,
+        dedup_id: str | None = None,
+        *,
+        id: str | None = None,
+    ) -> records.PutResult:
+        """:meth:`put` answering the store's whole result: the id, whether this call
+        ``created`` the message (False: deduplicated, or ``id`` already stored) and the store's
+        ``now``. A caller-chosen ``id`` makes a retried put safe (default: a new random id)."""
         body, kind = encode_payload(payload)
         message = records.NewMessage(
-            id=secrets.token_hex(12),
+            id=secrets.token_hex(12) if id is None else validate.message_id(id),
             key=validate.key(key),
             body=body,
             kind=kind,
@@ -155,8 +170,7 @@ class AsyncQueue:
             dedup_id=validate.dedup_id(dedup_id),
             max_attempts=self.max_attempts,
         )
-        result = await self._backend.put(self.name, message, dedup_window=self.dedup_window)
-        return result.id
+        return await self._backend.put(self.name, message, dedup_window=self.dedup_window)
 
     # -- consuming --------------------------------------------------------------------------
     async def get(self, timeout: float | None = None) -> AsyncMessage | None:
@@ -166,10 +180,19 @@ class AsyncQueue:
         woken by the store when a message becomes deliverable."""
         return await self._get(validate.timeout(timeout), None)
 
-    async def _claim(self, waiter: str | None) -> records.ClaimResult:
+    async def claim(self, receipt: str | None = None) -> records.ClaimResult:
+        """One claim step, never waiting: the delivery if a message is deliverable now, with
+        the store's ``now`` and ``retry_after`` (when a delayed or in-flight message may
+        become deliverable). ``receipt`` names the delivery (default: a new random one); a
+        caller that retries with the same receipt cannot be handed two deliveries. Settle it
+        with :meth:`ack`, :meth:`nack` or :meth:`extend`. A non-blocking :meth:`get`, with
+        the store's whole answer."""
+        return await self._claim(None, None if receipt is None else validate.receipt(receipt))
+
+    async def _claim(self, waiter: str | None, receipt: str | None = None) -> records.ClaimResult:
         return await self._backend.claim(
             self.name,
-            receipt=secrets.token_hex(12),
+            receipt=secrets.token_hex(12) if receipt is None else receipt,
             visibility_timeout=self.visibility_timeout,
             concurrency=self.concurrency,
             max_attempts=self.max_attempts,

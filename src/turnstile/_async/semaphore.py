@@ -15,7 +15,7 @@ from typing import Any
 
 from .._core import timing, validate
 from .._core.records import AcquireResult, Grant, Status
-from ..errors import AcquireTimeout, BackendUnavailable, LeaseLost
+from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseLost
 from .backends.protocol import AsyncBackend, AsyncWaiter
 from .renewer import renewer_for
 
@@ -200,6 +200,11 @@ class AsyncTicket:
     acquired: bool
     position: int | None
     lease: AsyncLease | None
+    #: The store's clock when it answered (seconds since the epoch).
+    now: float | None = None
+    #: Seconds until the earliest current lease expires, when not acquired (a hint for when
+    #: to ask again if no hand-over wakes the caller first).
+    retry_after: float | None = None
 
 
 # unasync: async-only
@@ -415,18 +420,65 @@ class AsyncSemaphore:
             raise AcquireTimeout(f"{self.name!r} is at its limit ({self.limit}) or has waiters")
         return self._lease(result, sent)
 
-    async def try_acquire(self, holder: str, wait_ttl: float | None = None) -> AsyncTicket:
+    async def try_acquire(
+        self, holder: str, wait_ttl: float | None = None, *, enqueue: bool = True
+    ) -> AsyncTicket:
         """Ask once, never block: hold, or join the line (first call) and learn the position.
 
         Idempotent per ``holder``: asking again keeps the place and, once granted, returns the
         same lease. The place lapses if not asked about again within ``wait_ttl`` (default:
-        the semaphore's ``ttl``). Release with :meth:`release` from any process."""
+        the semaphore's ``ttl``). With ``enqueue=False`` a free slot is taken only if nobody
+        waits, and the line is not joined (``position`` is then None). Release with
+        :meth:`release` from any process; block between steps with :meth:`wait`."""
         holder = validate.holder(holder)
         wait = self.ttl if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
-        result, sent = await self._step(holder, wait, True)
+        if not isinstance(enqueue, bool):
+            raise InvalidArgument("enqueue must be true or false")
+        result, sent = await self._step(holder, wait, enqueue)
         if result.grant is not None:
-            return AsyncTicket(True, None, self._lease(result, sent))
-        return AsyncTicket(False, result.position, None)
+            return AsyncTicket(True, None, self._lease(result, sent), result.now, None)
+        return AsyncTicket(False, result.position, None, result.now, result.retry_after)
+
+    async def renew(self, holder: str, token: int, ttl: float | None = None) -> AsyncLease:
+        """Extend ``holder``'s lease with fencing ``token`` to ``ttl`` (default: the
+        semaphore's) from now, on the store's clock, from any process (the lease object that
+        was granted need not be at hand). Returns the renewed lease (not kept renewed).
+
+        Raises :class:`~turnstile.LeaseLost` if that lease expired or was taken over."""
+        holder = validate.holder(holder)
+        checked = validate.token(token)
+        if checked is None:
+            raise InvalidArgument("token is required to renew a lease")
+        new_ttl = self.ttl if ttl is None else validate.ttl(ttl)
+        sent = time.monotonic()
+        grant = await self._backend.renew(self.name, holder, checked, new_ttl)
+        if grant is None:
+            raise LeaseLost(
+                f"the lease on {self.name!r} (token {checked}) expired or was taken over"
+            )
+        return AsyncLease(
+            self._backend, grant, ttl=new_ttl, local_deadline=sent + new_ttl, on_lost=self._on_lost
+        )
+
+    async def wait(self, holder: str, timeout: float) -> bool:
+        """Block until a hand-over wakes ``holder`` (a waiter placed in line by
+        :meth:`try_acquire`), or ``timeout`` seconds pass. True if woken, or if ``holder``
+        already holds a lease (answered at once); False on timeout.
+
+        It neither joins nor keeps a place in line (the :meth:`try_acquire` steps do), and a
+        True answer is a hint: the next :meth:`try_acquire` step is what grants."""
+        holder = validate.holder(holder)
+        timeout = validate.seconds(timeout, "timeout")
+        waiter = await self._backend.open_waiter(self.name, holder)
+        try:
+            # Armed first, then look: a hand-over made before the arming shows in the status,
+            # one made after it wakes the waiter; none slips between.
+            found = await self._backend.status(self.name)
+            if any(h.holder == holder for h in found.holders):
+                return True
+            return await waiter.wait(timeout)
+        finally:
+            await waiter.close()
 
     async def release(self, holder: str, token: int | None = None) -> bool:
         """Release ``holder``'s lease (only the one with ``token``, if given) and, without a

@@ -28,12 +28,14 @@ from starlette.routing import Route
 from .. import __version__
 from .._core import validate
 from ..aio import AsyncClient
-from ..errors import InvalidArgument
-from . import locks, openapi, queues
-from .common import Ctx, Service, query_int
+from . import lock_endpoints, openapi, queue_endpoints
+from .auth import Principal
+from .common import Ctx, Service
 from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, ServerConfig
 from .errors import error_response, from_exception
 from .metrics import Gauge
+from .openapi import error_schema, obj, ref
+from .table import Args, Endpoint, Field, parse
 
 # -- service endpoints -----------------------------------------------------------------------
 
@@ -70,7 +72,7 @@ async def info(ctx: Ctx) -> Any:
 
 
 async def dashboard_data(ctx: Ctx) -> Any:
-    since = query_int(ctx.request, "since", 0, 0, 2**62)
+    since = ctx.args.get("since", 0)
     service = ctx.service
     statuses, truncated = await service.look(ctx.principal, service.config.dashboard_max_names)
     items = [s.to_dict() for s in statuses]
@@ -86,7 +88,8 @@ async def dashboard_data(ctx: Ctx) -> Any:
     }
 
 
-async def healthz(service: Service) -> Response:
+async def healthz(ctx: Ctx) -> Response:
+    service = ctx.service
     try:
         await service.client.ping()
     except Exception as exc:
@@ -126,39 +129,92 @@ async def metrics(ctx: Ctx) -> Response:
     )
 
 
+# -- the service's part of the endpoint table ------------------------------------------------
+
+
+def _service_endpoints() -> list[Endpoint]:
+    error = error_schema()["properties"]["error"]
+    return [
+        Endpoint(
+            "/v1/info", info, "info", "service",
+            "Version, the store behind the service, limits, and who the token is",
+            methods=("GET",), response=ref("Info"), reads_names=False,
+        ),
+        Endpoint(
+            "/v1/dashboard", dashboard_data, "dashboard_data", "service",
+            "What the dashboard shows: names, queues and events after `since`",
+            methods=("GET",),
+            fields=(Field("since", {"type": "integer", "minimum": 0, "maximum": 2**62}),),
+            response=ref("Dashboard"), errors=(422,), reads_names=False,
+        ),
+        Endpoint(
+            "/healthz", healthz, "healthz", "service",
+            "Whether the store answers (no token needed)",
+            methods=("GET",), authenticated=False,
+            responses={
+                "200": {
+                    "description": "The store answers",
+                    "content": {"application/json": {"schema": obj(
+                        ["status", "backend"],
+                        {"status": {"const": "ok"}, "backend": {"type": "string"}},
+                    )}},
+                },
+                "503": {
+                    "description": "The store does not answer",
+                    "content": {"application/json": {"schema": obj(
+                        ["status", "error"], {"status": {"const": "unavailable"}, "error": error},
+                    )}},
+                },
+            },
+        ),
+        Endpoint(
+            "/metrics", metrics, "metrics", "service",
+            "Prometheus metrics of this instance (text format 0.0.4)",
+            methods=("GET",),
+            responses={
+                "200": {
+                    "description": "OK",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                **openapi.error_responses(401),
+            },
+        ),
+    ]
+
+
+def endpoint_table(config: ServerConfig) -> list[Endpoint]:
+    """Every endpoint the service answers (but ``/`` and ``/openapi.json``, which serve the
+    dashboard page and the document of this table)."""
+    return [
+        *lock_endpoints.endpoints(config),
+        *queue_endpoints.endpoints(config),
+        *_service_endpoints(),
+    ]
+
+
 # -- assembling the app ----------------------------------------------------------------------
 
-Handler = Callable[[Ctx], Awaitable[Any]]
+Handler = Callable[[Request], Awaitable[Response]]
+_PROBE = Principal("probe", prefixes=(), read_only=True)
 
 
-def _endpoint(
-    service: Service, route: str, handler: Handler, query: frozenset[str]
-) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
+def _serve(service: Service, endpoint: Endpoint) -> Handler:
+    async def serve(request: Request) -> Response:
         try:
-            principal = service.authenticate(request)
-            unknown = sorted(set(request.query_params) - query)
-            if unknown:
-                raise InvalidArgument(
-                    f"unknown query parameter(s) {', '.join(map(repr, unknown))}"
-                    + (f"; accepted: {', '.join(sorted(query))}" if query else "")
-                )
-            result = await handler(Ctx(request, service, principal))
+            if endpoint.authenticated:
+                principal = service.authenticate(request)
+                args = await parse(request, endpoint, service.config.max_body)
+            else:  # a probe: answers whoever asks, whatever the query says
+                principal, args = _PROBE, Args({}, {})
+            result = await endpoint.handler(Ctx(request, service, principal, args))
             response = result if isinstance(result, Response) else JSONResponse(result)
         except Exception as exc:
             api = from_exception(exc)
             response = error_response(api.code, api.message, api.headers)
-        service.metrics.request(request.method, route, response.status_code)
+        service.metrics.request(request.method, endpoint.path, response.status_code)
         return response
 
-    return endpoint
-
-
-def _kind(handler: Callable[[Ctx, str], Awaitable[Any]], kind: str) -> Handler:
-    async def bound(ctx: Ctx) -> Any:
-        return await handler(ctx, kind)
-
-    return bound
+    return serve
 
 
 def create_app(config: ServerConfig | None = None, client: AsyncClient | None = None) -> Starlette:
@@ -168,42 +224,9 @@ def create_app(config: ServerConfig | None = None, client: AsyncClient | None = 
     dashboard_html = resources.files("turnstile.server").joinpath("dashboard.html").read_text(
         "utf-8"
     )
-    document = openapi.document(config)
-
-    routes: list[Route] = []
-
-    def add(path: str, handler: Handler, methods: list[str], query: tuple[str, ...] = ()) -> None:
-        endpoint = _endpoint(service, path, handler, frozenset(query))
-        routes.append(Route(path, endpoint, methods=methods))
-
-    for kind in locks.KINDS:
-        add(f"/v1/{kind}/acquire", _kind(locks.acquire, kind), ["POST"])
-        add(f"/v1/{kind}/try-acquire", _kind(locks.try_acquire, kind), ["POST"])
-        add(f"/v1/{kind}/renew", _kind(locks.renew, kind), ["POST"])
-        add(f"/v1/{kind}/release", _kind(locks.release, kind), ["POST"])
-        add(f"/v1/{kind}/status", _kind(locks.status, kind), ["GET", "POST"], ("name",))
-    add("/v1/semaphores/wait", _kind(locks.wait, "semaphores"), ["POST"])
-    add("/v1/names", locks.names, ["GET"], ("prefix", "max_count"))
-    add("/v1/info", info, ["GET"])
-    add("/v1/dashboard", dashboard_data, ["GET"], ("since",))
-    add("/v1/admin/force-release", locks.force_release, ["POST"])
-    add("/v1/queues", queues.names, ["GET"], ("prefix", "max_count"))
-    add("/v1/queues/put", queues.put, ["POST"])
-    add("/v1/queues/get", queues.get, ["POST"])
-    add("/v1/queues/claim", queues.claim, ["POST"])
-    add("/v1/queues/ack", queues.ack, ["POST"])
-    add("/v1/queues/nack", queues.nack, ["POST"])
-    add("/v1/queues/extend", queues.extend, ["POST"])
-    add("/v1/queues/stats", queues.stats, ["GET", "POST"], ("queue", "top_keys"))
-    add("/v1/queues/dead", queues.dead, ["GET", "POST"], ("queue", "limit"))
-    add("/v1/admin/requeue-dead", queues.requeue_dead, ["POST"])
-    add("/v1/admin/purge-dead", queues.purge_dead, ["POST"])
-    add("/metrics", metrics, ["GET"])
-
-    async def health(request: Request) -> Response:
-        response = await healthz(service)
-        service.metrics.request(request.method, "/healthz", response.status_code)
-        return response
+    table = endpoint_table(config)
+    document = openapi.document(config, table)
+    routes = [Route(e.path, _serve(service, e), methods=list(e.methods)) for e in table]
 
     async def openapi_json(request: Request) -> Response:
         return JSONResponse(document)
@@ -220,7 +243,6 @@ def create_app(config: ServerConfig | None = None, client: AsyncClient | None = 
             },
         )
 
-    routes.append(Route("/healthz", health, methods=["GET"]))
     routes.append(Route("/openapi.json", openapi_json, methods=["GET"]))
     routes.append(Route("/", dashboard, methods=["GET"]))
 

@@ -1,5 +1,5 @@
 """What every endpoint shares: the per-instance :class:`Service`, the request context
-(:class:`Ctx`: who is asking and what they may do), strict JSON bodies, long polls."""
+(:class:`Ctx`: who is asking and what they may do), long polls, the lease's JSON form."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 
 from .._core.records import Grant, QueueStats, Status
-from ..aio import AsyncClient
+from ..aio import AsyncClient, AsyncLease
 from ..aio import connect as aio_connect
-from ..errors import InvalidArgument, NotSupported
+from ..errors import NotSupported
 from .auth import Principal, bearer, is_loopback_host_header
 from .config import ServerConfig
 from .errors import ApiError
 from .metrics import Metrics
 from .observe import EventLog, Tracker
+from .table import Args
 
 log = logging.getLogger("turnstile.server")
 T = TypeVar("T")
@@ -179,17 +180,22 @@ async def _gather(coros: list[Coroutine[Any, Any, T]], limit: int) -> list[T]:
 
 
 class Ctx:
-    """One request: the caller, its body and what it may do."""
+    """One request: the caller, its parsed fields and what it may do."""
 
-    def __init__(self, request: Request, service: Service, principal: Principal) -> None:
+    def __init__(
+        self, request: Request, service: Service, principal: Principal, args: Args
+    ) -> None:
         self.request = request
         self.service = service
         self.principal = principal
-        self.client = service.client
+        self.args = args  # the request's fields, as the endpoint table declares them
         self.tracker = service.tracker
 
-    async def body(self, allowed: set[str]) -> Body:
-        return await read_body(self.request, self.service.config.max_body, allowed)
+    @property
+    def client(self) -> AsyncClient:
+        # Looked up when used: while the service is starting it answers backend_unavailable,
+        # which /healthz reports in its own form.
+        return self.service.client
 
     def may_read(self, name: str) -> None:
         if not self.principal.can_read(name):
@@ -211,101 +217,6 @@ class Ctx:
 
 def _show(prefixes: tuple[str, ...]) -> str:
     return ", ".join(json.dumps(p, ensure_ascii=False) for p in prefixes)
-
-
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"{value} is not valid JSON")
-
-
-class Body:
-    """A JSON object body with a fixed set of fields; unknown fields are refused."""
-
-    def __init__(self, data: Mapping[str, Any], allowed: set[str]) -> None:
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            raise InvalidArgument(
-                f"unknown field(s) {', '.join(map(repr, unknown))}; "
-                f"accepted: {', '.join(sorted(allowed))}"
-            )
-        self.data = data
-
-    def required(self, key: str) -> Any:
-        value = self.data.get(key)
-        if value is None:
-            raise InvalidArgument(f"{key} is required")
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self.data.get(key)
-        return default if value is None else value
-
-
-async def read_body(request: Request, max_body: int, allowed: set[str]) -> Body:
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json":
-        raise ApiError(
-            "unsupported_media_type",
-            "send the body as JSON with 'Content-Type: application/json'",
-        )
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ApiError("bad_json", "invalid Content-Length header")
-        if int(declared) > max_body:
-            raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body:
-            raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
-        chunks.append(chunk)
-    try:
-        data = json.loads(b"".join(chunks), parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        message = str(exc) if isinstance(exc, json.JSONDecodeError) else "not valid JSON"
-        raise ApiError("bad_json", f"the body is not valid JSON: {message}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgument(f"the body must be a JSON object, got {_json_type(data)}")
-    return Body(data, allowed)
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array"
-
-
-def query_int(request: Request, key: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{key} must be an integer from {low} to {high}") from None
-    if not low <= value <= high:
-        raise InvalidArgument(f"{key} must be an integer from {low} to {high}, got {value}")
-    return value
-
-
-def integral(value: Any) -> Any:
-    """JSON has numbers, not ints and floats: ``5.0`` is the integer 5 (as in JSON Schema)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
-        return int(value)
-    return value
-
-
-def bool_field(value: Any, arg: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{arg} must be true or false")
-    return value
 
 
 def new_holder() -> str:
@@ -368,3 +279,8 @@ def lease_dict(grant: Grant, now: float) -> dict[str, Any]:
         "expires_at": grant.expires_at,
         "expires_in": round(max(0.0, grant.expires_at - now), 6),
     }
+
+
+def grant_of(lease: AsyncLease) -> Grant:
+    """A lease as the store's record of it (what the tracker and :func:`lease_dict` take)."""
+    return Grant(lease.name, lease.holder, lease.token, lease.acquired_at, lease.expires_at)
