@@ -1,4 +1,4 @@
-"""The Lua scripts follow the reference state machine (turnstile/_core/model.py) step for
+"""The Lua scripts follow the reference state machine (turnstile/_core/lock_machine.py) step for
 step: the same random sequence of operations, run on the memory backend (the model itself)
 and on a real Redis, gives the same answers and the same holders and line after each step.
 

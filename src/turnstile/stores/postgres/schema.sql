@@ -39,7 +39,7 @@ CREATE TABLE __SCHEMA__.names (
     -- The limit last asked for (semaphores; 1 for locks).
     lim         integer NOT NULL,
     -- The last fencing token issued on this name. The next is
-    -- max(last_token + 1, clock in microseconds) (model.clock_token).
+    -- max(last_token + 1, clock in microseconds) (lock_machine.clock_token).
     last_token  bigint NOT NULL DEFAULT 0,
     -- When the name last became idle (no holders, no waiters); NULL while in use. Idle rows
     -- are forgotten a day later (see _forget_idle), when the clock has moved far past
@@ -198,7 +198,7 @@ BEGIN
 END
 $$;
 
--- model.promote on others' behalf, as in version 1, plus: the wake-up goes to the waiter's
+-- lock_machine.promote on others' behalf, as in version 1, plus: the wake-up goes to the waiter's
 -- own channel with the grant in it (see above); p_holders, when the caller already knows how
 -- many holders are left, saves counting them; and an expired entry met at the front is
 -- dropped and skipped, so a caller need not sweep the whole line first (release does not).
@@ -262,7 +262,7 @@ BEGIN
 END
 $$;
 
--- model.acquire, as in version 1, plus: p_channel and p_wake (where to send this waiter's
+-- lock_machine.acquire, as in version 1, plus: p_channel and p_wake (where to send this waiter's
 -- wake-up and the key naming it there, see above; required, so a call of the version-2
 -- signature never matches this one) and the output wait_id (the seq of the caller's waiting
 -- entry, which a wake-up names).
@@ -414,7 +414,7 @@ AS $$
                             NULL::text, NULL::text) a
 $$;
 
--- model.release, as in version 1, in fewer statements (see the top of this file): the row
+-- lock_machine.release, as in version 1, in fewer statements (see the top of this file): the row
 -- locked inline; expired leases and ours dropped in one statement, which also counts the
 -- holders left for the promotion; no sweep of the whole line (the promotion drops expired
 -- waiting entries as it meets them at the front; one further back is never granted,
@@ -471,7 +471,7 @@ BEGIN
 END
 $$;
 
--- model.renew: extend (holder, token) to now + ttl; renewed = false means it is gone.
+-- lock_machine.renew: extend (holder, token) to now + ttl; renewed = false means it is gone.
 CREATE FUNCTION __SCHEMA__.renew(
     p_name text, p_holder text, p_token bigint, p_ttl double precision,
     p_now timestamptz DEFAULT NULL,
@@ -504,7 +504,7 @@ BEGIN
 END
 $$;
 
--- model.status: a consistent snapshot (STABLE: one snapshot for the whole call).
+-- lock_machine.status: a consistent snapshot (STABLE: one snapshot for the whole call).
 -- lim is NULL when the name has no rows at all.
 CREATE FUNCTION __SCHEMA__.status(
     p_name text, p_now timestamptz DEFAULT NULL,
@@ -595,7 +595,7 @@ BEGIN
 END
 $$;
 
--- queue_model.purge: time out in-flight messages past their deadline (dead letter after
+-- queue_machine.purge: time out in-flight messages past their deadline (dead letter after
 -- max_attempts), drop expired dedup entries and waiters. Returns how many left flight.
 CREATE FUNCTION __SCHEMA__._queue_purge(p_qid bigint, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql
@@ -622,7 +622,7 @@ BEGIN
 END
 $$;
 
--- queue_model.take_waiters, as in version 2, on each waiter's own channel where it named one.
+-- queue_machine.take_waiters, as in version 2, on each waiter's own channel where it named one.
 CREATE FUNCTION __SCHEMA__._queue_wake(p_qid bigint, p_name text, p_count integer)
 RETURNS void
 LANGUAGE plpgsql
@@ -688,7 +688,7 @@ BEGIN
 END
 $$;
 
--- queue_model.claim: hand out the ready, due message with the smallest seq that heads its
+-- queue_machine.claim: hand out the ready, due message with the smallest seq that heads its
 -- key (no earlier pending message of the key), unless p_concurrency are in flight; else
 -- register p_waiter (if given) and say when to look again.
 CREATE FUNCTION __SCHEMA__.queue_claim(
@@ -910,7 +910,7 @@ BEGIN
 END
 $$;
 
--- queue_model.requeue: dead letters (p_ids, or all when NULL) back at the end of the queue
+-- queue_machine.requeue: dead letters (p_ids, or all when NULL) back at the end of the queue
 -- (a new seq), due now, attempts reset, enqueued_at kept.
 CREATE FUNCTION __SCHEMA__.queue_requeue(
     p_name text, p_ids text[], p_now timestamptz DEFAULT NULL)
