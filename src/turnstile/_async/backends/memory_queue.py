@@ -13,13 +13,12 @@ from ..._core import queue_machine
 from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
-    Delivery,
     NewMessage,
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from .. import _compat
+from .protocol import AsyncLocalQueueWaits
 
 T = TypeVar("T")
 
@@ -47,7 +46,7 @@ class AsyncMemoryQueueWaiter:
         return None, []
 
 
-class AsyncMemoryQueueBackend:
+class AsyncMemoryQueueBackend(AsyncLocalQueueWaits):
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._clock = clock
@@ -139,16 +138,6 @@ class AsyncMemoryQueueBackend:
     async def open_waiter(self, name: str) -> AsyncMemoryQueueWaiter:
         return AsyncMemoryQueueWaiter(self, name)
 
-    async def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("memory:// wakes a local waiter (open_waiter); it has no long poll")
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
         with self._lock:

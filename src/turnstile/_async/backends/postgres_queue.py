@@ -18,9 +18,9 @@ from ..._core.records import (
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from ...stores.postgres import sql as pg
 from .postgres_listen import AsyncListener, AsyncPostgresWaiter
+from .protocol import AsyncLocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (AsyncPostgresConnection.queues), so it is imported
@@ -50,7 +50,7 @@ class AsyncPostgresQueueWaiter:
             await self._queues._one("unregister", {"name": self._name, "waiter": self.id})
 
 
-class AsyncPostgresQueueBackend:
+class AsyncPostgresQueueBackend(AsyncLocalQueueWaits):
     def __init__(self, connection: AsyncPostgresConnection) -> None:
         self.connection = connection
         self._q = {op: connection.query(f"queue_{op}") for op in OPERATIONS}
@@ -153,13 +153,3 @@ class AsyncPostgresQueueBackend:
     async def open_waiter(self, name: str) -> AsyncPostgresQueueWaiter:
         return AsyncPostgresQueueWaiter(self, name, await self.connection.listening())
 
-    async def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("PostgreSQL wakes a local waiter (open_waiter); it has no long poll")

@@ -14,16 +14,15 @@ from typing import TYPE_CHECKING, Any
 from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
-    Delivery,
     NewMessage,
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
+from .protocol import AsyncLocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (AsyncRedisConnection.queues), so it is imported
@@ -63,7 +62,7 @@ class AsyncRedisQueueWaiter:
             await self._queues._run("unregister", self._name, [self.id])
 
 
-class AsyncRedisQueueBackend:
+class AsyncRedisQueueBackend(AsyncLocalQueueWaits):
     def __init__(self, connection: AsyncRedisConnection) -> None:
         self.connection = connection
         self._scripts = scripts.load("queue")
@@ -157,13 +156,3 @@ class AsyncRedisQueueBackend:
     async def open_waiter(self, name: str) -> AsyncRedisQueueWaiter:
         return AsyncRedisQueueWaiter(self, name)
 
-    async def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("Redis wakes a local waiter (open_waiter); it has no long poll")

@@ -10,15 +10,14 @@ import time
 from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
-    Delivery,
     NewMessage,
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from ...stores.sqlite.lock_store import SQLiteStore
 from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
+from .protocol import AsyncLocalQueueWaits
 
 POLL_MIN = 0.001
 POLL_MAX = 0.05
@@ -55,7 +54,7 @@ class AsyncSQLiteQueueWaiter:
             await _compat.run_blocking(self._store.unregister, self._name, self.id)
 
 
-class AsyncSQLiteQueueBackend:
+class AsyncSQLiteQueueBackend(AsyncLocalQueueWaits):
     def __init__(self, store: SQLiteStore) -> None:
         self.store = SQLiteQueueStore(store)
 
@@ -102,16 +101,6 @@ class AsyncSQLiteQueueBackend:
     async def open_waiter(self, name: str) -> AsyncSQLiteQueueWaiter:
         return AsyncSQLiteQueueWaiter(self.store, name)
 
-    async def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("sqlite:// wakes a local waiter (open_waiter); it has no long poll")
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
         return await _compat.run_blocking(self.store.names, prefix, max_count)

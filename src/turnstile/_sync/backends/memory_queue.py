@@ -14,13 +14,12 @@ from ..._core import queue_machine
 from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
-    Delivery,
     NewMessage,
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from .. import _compat
+from .protocol import LocalQueueWaits
 
 T = TypeVar("T")
 
@@ -48,7 +47,7 @@ class MemoryQueueWaiter:
         return None, []
 
 
-class MemoryQueueBackend:
+class MemoryQueueBackend(LocalQueueWaits):
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._clock = clock
@@ -140,16 +139,6 @@ class MemoryQueueBackend:
     def open_waiter(self, name: str) -> MemoryQueueWaiter:
         return MemoryQueueWaiter(self, name)
 
-    def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("memory:// wakes a local waiter (open_waiter); it has no long poll")
 
     def names(self, prefix: str, max_count: int) -> list[str]:
         with self._lock:

@@ -19,9 +19,9 @@ from ..._core.records import (
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from ...stores.postgres import sql as pg
 from .postgres_listen import Listener, PostgresWaiter
+from .protocol import LocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (PostgresConnection.queues), so it is imported
@@ -51,7 +51,7 @@ class PostgresQueueWaiter:
             self._queues._one("unregister", {"name": self._name, "waiter": self.id})
 
 
-class PostgresQueueBackend:
+class PostgresQueueBackend(LocalQueueWaits):
     def __init__(self, connection: PostgresConnection) -> None:
         self.connection = connection
         self._q = {op: connection.query(f"queue_{op}") for op in OPERATIONS}
@@ -154,13 +154,3 @@ class PostgresQueueBackend:
     def open_waiter(self, name: str) -> PostgresQueueWaiter:
         return PostgresQueueWaiter(self, name, self.connection.listening())
 
-    def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("PostgreSQL wakes a local waiter (open_waiter); it has no long poll")

@@ -48,6 +48,7 @@ from ..._core.records import (
     QueueStats,
     Status,
 )
+from ...errors import NotSupported
 
 
 # -- locks and semaphores -----------------------------------------------------------------
@@ -131,6 +132,26 @@ class QueueWaiter(Protocol):
         from the queue's waiters so no wake-up is spent on this one."""
         ...
 
+
+
+class LocalQueueWaits:
+    """The documented answer of ``long_poll`` for every store whose blocking gets wake a local
+    waiter (``characteristics.long_poll_gets`` False): memory, SQLite, Redis, PostgreSQL.
+    Their queue backends inherit it instead of each writing the same refusal."""
+
+    def long_poll(
+        self,
+        name: str,
+        *,
+        wait: float,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+    ) -> Delivery | None:
+        raise NotSupported(
+            "this store wakes a local waiter (open_waiter) and has no long poll; a queue "
+            "long-polls only where characteristics.long_poll_gets is true"
+        )
 
 @runtime_checkable
 class QueueBackend(Protocol):

@@ -15,16 +15,15 @@ from typing import TYPE_CHECKING, Any
 from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
-    Delivery,
     NewMessage,
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
+from .protocol import LocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (RedisConnection.queues), so it is imported
@@ -64,7 +63,7 @@ class RedisQueueWaiter:
             self._queues._run("unregister", self._name, [self.id])
 
 
-class RedisQueueBackend:
+class RedisQueueBackend(LocalQueueWaits):
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
         self._scripts = scripts.load("queue")
@@ -158,13 +157,3 @@ class RedisQueueBackend:
     def open_waiter(self, name: str) -> RedisQueueWaiter:
         return RedisQueueWaiter(self, name)
 
-    def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("Redis wakes a local waiter (open_waiter); it has no long poll")

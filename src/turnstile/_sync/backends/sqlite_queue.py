@@ -11,15 +11,14 @@ import time
 from ..._core.records import (
     ClaimResult,
     DeadLetterRow,
-    Delivery,
     NewMessage,
     PutResult,
     QueueStats,
 )
-from ...errors import NotSupported
 from ...stores.sqlite.lock_store import SQLiteStore
 from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
+from .protocol import LocalQueueWaits
 
 POLL_MIN = 0.001
 POLL_MAX = 0.05
@@ -56,7 +55,7 @@ class SQLiteQueueWaiter:
             _compat.run_blocking(self._store.unregister, self._name, self.id)
 
 
-class SQLiteQueueBackend:
+class SQLiteQueueBackend(LocalQueueWaits):
     def __init__(self, store: SQLiteStore) -> None:
         self.store = SQLiteQueueStore(store)
 
@@ -103,16 +102,6 @@ class SQLiteQueueBackend:
     def open_waiter(self, name: str) -> SQLiteQueueWaiter:
         return SQLiteQueueWaiter(self.store, name)
 
-    def long_poll(
-        self,
-        name: str,
-        *,
-        wait: float,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-    ) -> Delivery | None:
-        raise NotSupported("sqlite:// wakes a local waiter (open_waiter); it has no long poll")
 
     def names(self, prefix: str, max_count: int) -> list[str]:
         return _compat.run_blocking(self.store.names, prefix, max_count)
