@@ -325,74 +325,69 @@ class PgAdvisoryLock(LockAdapter):
 
 
 # -- Redis lock libraries ----------------------------------------------------------------------
-class RedisPyLock(LockAdapter):
-    """redis-py's ``Lock``: SET NX PX, and while blocked it sleeps ``sleep`` (0.1 s, the
-    default) between attempts."""
+class RedisLibraryLock(LockAdapter):
+    """What the Redis lock libraries' adapters share: one client of the worker's own, the
+    run's key prefix, and the library's lock object of the current turn (``self.lock``, made
+    by each subclass's :meth:`acquire`)."""
 
     def __init__(self, url: str, prefix: str) -> None:
         import redis
 
         self.redis, self.prefix = redis.Redis.from_url(url), prefix
+        self.lock: Any = None
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class RedisPyLock(RedisLibraryLock):
+    """redis-py's ``Lock``: SET NX PX, and while blocked it sleeps ``sleep`` (0.1 s, the
+    default) between attempts."""
 
     def acquire(self, name: str) -> None:
         self.lock = self.redis.lock(self.prefix + name, timeout=TTL)
         self.lock.acquire(blocking=True)
 
-    def release(self) -> None:
-        self.lock.release()
 
-    def close(self) -> None:
-        self.redis.close()
-
-
-class PythonRedisLock(LockAdapter):
+class PythonRedisLock(RedisLibraryLock):
     """python-redis-lock: SET NX, and a waiter BLPOPs a signal list the releaser pushes to."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        import redis
         import redis_lock
 
-        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, redis_lock
+        super().__init__(url, prefix)
+        self.mod = redis_lock
 
     def acquire(self, name: str) -> None:
         self.lock = self.mod.Lock(self.redis, self.prefix + name, expire=int(TTL))
         self.lock.acquire(blocking=True)
 
-    def release(self) -> None:
-        self.lock.release()
 
-    def close(self) -> None:
-        self.redis.close()
-
-
-class PotteryRedlock(LockAdapter):
+class PotteryRedlock(RedisLibraryLock):
     """pottery's ``Redlock`` on one master: SET NX PX, polling with a random sleep."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        import redis
         from pottery import Redlock
 
-        self.redis, self.prefix, self.cls = redis.Redis.from_url(url), prefix, Redlock
+        super().__init__(url, prefix)
+        self.cls = Redlock
 
     def acquire(self, name: str) -> None:
         self.lock = self.cls(key=self.prefix + name, masters={self.redis}, auto_release_time=TTL)
         self.lock.acquire(blocking=True, timeout=-1)
 
-    def release(self) -> None:
-        self.lock.release()
 
-    def close(self) -> None:
-        self.redis.close()
-
-
-class SherlockLock(LockAdapter):
+class SherlockLock(RedisLibraryLock):
     """sherlock's ``RedisLock``: SET NX, retried every ``retry_interval`` (0.1 s default)."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        import redis
         import sherlock
 
-        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, sherlock
+        super().__init__(url, prefix)
+        self.mod = sherlock
 
     def acquire(self, name: str) -> None:
         self.lock = self.mod.RedisLock(
@@ -401,32 +396,20 @@ class SherlockLock(LockAdapter):
         if not self.lock.acquire(blocking=True):
             raise TimeoutError(f"sherlock did not acquire {name!r}")
 
-    def release(self) -> None:
-        self.lock.release()
 
-    def close(self) -> None:
-        self.redis.close()
-
-
-class PortalockerRedisLock(LockAdapter):
+class PortalockerRedisLock(RedisLibraryLock):
     """portalocker's ``RedisLock``: held while its pub/sub subscription lives; a waiter
     re-counts the channel's subscribers every ``check_interval``."""
 
     def __init__(self, url: str, prefix: str) -> None:
         import portalocker
-        import redis
 
-        self.redis, self.prefix, self.mod = redis.Redis.from_url(url), prefix, portalocker
+        super().__init__(url, prefix)
+        self.mod = portalocker
 
     def acquire(self, name: str) -> None:
         self.lock = self.mod.RedisLock(self.prefix + name, connection=self.redis, timeout=600)
         self.lock.acquire()
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.redis.close()
 
 
 # -- queues ------------------------------------------------------------------------------------

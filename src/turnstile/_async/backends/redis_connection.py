@@ -24,10 +24,10 @@ from redis.exceptions import NoScriptError
 from ...errors import BackendUnavailable
 from ...stores.redis import driver, scripts
 from ...stores.redis.config import RedisConfig
+from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
 from .redis_queue import AsyncRedisQueueBackend
 
-DRIVER_ERRORS = driver.DRIVER_ERRORS
 # Every script is idempotent (acquire per holder, release/renew per token, queue operations
 # per id and receipt), so a command whose connection dropped is simply sent again, briefly.
 RETRIES = 3
