@@ -350,7 +350,7 @@ class PostgresBench(LockBench):
     name = "postgres"
     description = (__doc__ or "").split("\n")[0]
     packages = ("turnstile", "psycopg", "psycopg-pool")
-    requires = (("psycopg", "pip install 'turnstile[postgres]'"),)
+    requires = (("psycopg", "pip install 'turnstile-locks[postgres]'"),)
     tmpdir_help = "accepted for the harness tests; unused"
     trials_option = False  # fixed: 7 trials of the demo's webhooks, 3 of the random ones
     server = ""

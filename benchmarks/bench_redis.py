@@ -8,8 +8,8 @@
 Contenders: Turnstile (``redis://``), redis-py ``Lock``, python-redis-lock, pottery
 ``Redlock``, sherlock ``RedisLock``, portalocker ``RedisLock`` and PostgreSQL
 ``pg_advisory_lock`` (the fast-and-fair reference). The peer libraries come with the
-``bench`` extra (``pip install -e '.[bench,redis]'``); one that is not installed is left out
-and named in the results.
+``bench`` dependency group of pyproject.toml (``scripts/dev.py`` installs it); one that is
+not installed is left out and named in the results.
 
 By default the script starts its own ``redis-server`` (found on PATH) on a free port in a
 temporary folder, so ``INFO commandstats`` counts this benchmark's commands only, and stops it
@@ -447,7 +447,7 @@ class RedisBench(LockBench):
         "turnstile", "redis", "hiredis", "python-redis-lock", "pottery", "sherlock",
         "portalocker", "psycopg",
     )
-    requires = (("redis", "pip install -e '.[redis,bench]'"),)
+    requires = (("redis", "pip install -e '.[redis]' and the bench group (scripts/dev.py)"),)
     tmpdir_help = "where the benchmark's own redis-server keeps its files"
 
     def options(self, parser: argparse.ArgumentParser) -> None:

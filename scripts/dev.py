@@ -33,7 +33,9 @@ import servers  # scripts/servers.py: this file's folder is first on sys.path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
-TEST_EXTRAS = "dev,redis,postgres,server,http,bench"
+TEST_EXTRAS = "redis,postgres,server,http"
+# [dependency-groups] of pyproject.toml (PEP 735): what developing needs, not user extras.
+TEST_GROUPS = "dev,bench"
 DEMO_EXTRAS = ""
 
 
@@ -58,21 +60,45 @@ def known_extras() -> set[str]:
     return {line.split("=", 1)[0].strip() for line in section.splitlines() if "=" in line}
 
 
-def ensure_venv(extras: str) -> None:
+def group_requirements(groups: str) -> list[str]:
+    """The requirements of the named dependency groups (PEP 735), read here rather than with
+    ``pip install --group`` so that any pip installs them."""
+    import tomllib  # here: main() first tells a Python older than 3.11 what it needs
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        table = tomllib.load(f).get("dependency-groups", {})
+
+    def expand(name: str) -> list[str]:
+        if name not in table:
+            raise StepFailed(f"pyproject.toml has no dependency group {name!r}")
+        out: list[str] = []
+        for item in table[name]:
+            out.extend(expand(item["include-group"]) if isinstance(item, dict) else [item])
+        return out
+
+    return [req for group in groups.split(",") if group for req in expand(group)]
+
+
+def ensure_venv(extras: str, groups: str = "") -> None:
     wanted = [e for e in extras.split(",") if e and e in known_extras()]
     spec = f".[{','.join(wanted)}]" if wanted else "."
+    requirements = group_requirements(groups)
     stamp = VENV / ".turnstile-installed"
     digest = hashlib.sha256(
-        (ROOT / "pyproject.toml").read_bytes() + spec.encode() + sys.version.encode()
+        (ROOT / "pyproject.toml").read_bytes()
+        + spec.encode()
+        + groups.encode()
+        + sys.version.encode()
     ).hexdigest()
     if stamp.exists() and stamp.read_text() == digest and PY.exists():
         return
     if not PY.exists():
         log(f"creating {VENV}")
         run([sys.executable, "-m", "venv", str(VENV)])
-    log(f"installing turnstile{spec[1:]} (editable) into .venv")
+    also = f" and the dependency groups {groups}" if requirements else ""
+    log(f"installing turnstile{spec[1:]} (editable){also} into .venv")
     run([str(PY), "-m", "pip", "install", "-q", "--upgrade", "pip"])
-    run([str(PY), "-m", "pip", "install", "-q", "-e", spec], cwd=ROOT)
+    run([str(PY), "-m", "pip", "install", "-q", "-e", spec, *requirements], cwd=ROOT)
     stamp.write_text(digest)
 
 
@@ -162,7 +188,7 @@ def cmd_demo(args: list[str]) -> int:
 
 def cmd_test(args: list[str]) -> int:
     started = time.monotonic()
-    ensure_venv(TEST_EXTRAS)
+    ensure_venv(TEST_EXTRAS, TEST_GROUPS)
     ensure_system_tools()
     log("checking: unasync --check, ruff, mypy")
     run([str(PY), "scripts/unasync.py", "--check"], cwd=ROOT)

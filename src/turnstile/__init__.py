@@ -77,3 +77,8 @@ def connect(url: str | None = None, **options: Any) -> Client:
     ``sqlite:///turnstile.db``. Fails at once, naming the fix, on an unknown scheme, a missing
     optional driver or an unreachable server."""
     return _connect(url, **options)
+
+
+def __dir__() -> list[str]:
+    """``dir(turnstile)`` lists the public API only, not the private modules it is built of."""
+    return sorted(__all__)

@@ -83,3 +83,8 @@ __all__ = [
 async def connect(url: str | None = None, **options: Any) -> AsyncClient:
     """Async twin of :func:`turnstile.connect`."""
     return await _connect(url, **options)
+
+
+def __dir__() -> list[str]:
+    """``dir(turnstile.aio)`` lists the public API only."""
+    return sorted(__all__)

@@ -20,7 +20,7 @@ if CHROMIUM is None:
         pytest.fail("chromium is not installed: apt-get install -y chromium", pytrace=False)
     pytest.skip("chromium is not installed (apt-get install -y chromium); CI is not set",
                 allow_module_level=True)
-playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
+playwright_api = pytest.importorskip("playwright.sync_api", reason="the dev group")
 
 from tests.http_server import ServerProcess, start_server  # noqa: E402
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis", reason="pip install -e '.[dev]'")
+schemathesis = pytest.importorskip("schemathesis", reason="the dev group")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402

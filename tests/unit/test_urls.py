@@ -103,7 +103,7 @@ def test_client_repr_redacts() -> None:
 def test_missing_driver_names_the_fix() -> None:
     entry = urls.SCHEMES["redis"]
     err = urls.missing_driver(entry, ModuleNotFoundError("No module named 'redis'", name="redis"))
-    assert "pip install 'turnstile[redis]'" in str(err)
+    assert "pip install 'turnstile-locks[redis]'" in str(err)
     assert "redis" in str(err)
 
 

@@ -1,5 +1,5 @@
-"""Backends are chosen by URL scheme and imported lazily, so ``pip install turnstile`` stays
-light: a missing driver is reported with the ``pip install`` line that fixes it."""
+"""Backends are chosen by URL scheme and imported lazily, so ``pip install turnstile-locks``
+stays light: a missing driver is reported with the ``pip install`` line that fixes it."""
 
 from __future__ import annotations
 
@@ -72,7 +72,11 @@ def split(url: str) -> tuple[BackendEntry, SplitResult]:
 
 
 def missing_driver(entry: BackendEntry, exc: ImportError) -> ConfigurationError:
-    hint = f"pip install 'turnstile[{entry.extra}]'" if entry.extra else "reinstall turnstile"
+    hint = (
+        f"pip install 'turnstile-locks[{entry.extra}]'"
+        if entry.extra
+        else "reinstall turnstile-locks"
+    )
     return ConfigurationError(
         f"the {entry.description} backend needs a driver that is not installed "
         f"({exc.name or exc}); fix: {hint}"

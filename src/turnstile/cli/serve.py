@@ -1,5 +1,5 @@
 """``turnstile serve``: the HTTP API, live dashboard and Prometheus metrics over the store
-(docs/http.md). Needs ``pip install 'turnstile[server]'``; registering the command imports
+(docs/http.md). Needs ``pip install 'turnstile-locks[server]'``; registering the command imports
 nothing of the web stack."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Turnstile HTTP service: API v1, a live dashboard and Prometheus metrics.
 
-Install with ``pip install 'turnstile[server]'`` and run ``turnstile serve``, or mount the
+Install with ``pip install 'turnstile-locks[server]'`` and run ``turnstile serve``, or mount the
 ASGI app yourself::
 
     from turnstile.server import ServerConfig, create_app

@@ -1,4 +1,4 @@
-"""``turnstile serve``: run the HTTP service (needs ``pip install 'turnstile[server]'``).
+"""``turnstile serve``: run the HTTP service (needs ``pip install 'turnstile-locks[server]'``).
 
     turnstile serve [--url URL] [--host 127.0.0.1] [--port 8080] [--tokens FILE]
 
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(
             f"the HTTP service needs {exc.name or 'its dependencies'}; "
-            "fix: pip install 'turnstile[server]'",
+            "fix: pip install 'turnstile-locks[server]'",
             EXIT_CONFIG,
         )
     try:
