@@ -101,6 +101,11 @@ def context_key() -> object:
     return asyncio.get_running_loop()
 
 
+def current_owner() -> object:
+    """Who is inside a ``async with sem:`` block: the running task."""
+    return asyncio.current_task()
+
+
 def context_gone(key: object) -> bool:
     return isinstance(key, asyncio.AbstractEventLoop) and key.is_closed()
 

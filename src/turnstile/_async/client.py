@@ -42,9 +42,14 @@ class AsyncClient:
         ttl: float = 30.0,
         *,
         on_lost: Callable[[AsyncLease], object] | None = None,
+        timeout: float | None = None,
     ) -> AsyncLock:
-        """A fair leased lock: one holder of ``name`` at a time, in arrival order."""
-        return AsyncLock(self.backend, name, ttl, on_lost=on_lost)
+        """A fair leased lock: one holder of ``name`` at a time, in arrival order.
+
+        ``async with client.lock(name) as lease:`` waits up to ``timeout`` seconds (``None``:
+        without a limit) and keeps the lease renewed until the block ends; ``acquire``,
+        ``try_acquire`` and the rest give finer control."""
+        return AsyncLock(self.backend, name, ttl, on_lost=on_lost, timeout=timeout)
 
     def semaphore(
         self,
@@ -53,9 +58,13 @@ class AsyncClient:
         ttl: float = 30.0,
         *,
         on_lost: Callable[[AsyncLease], object] | None = None,
+        timeout: float | None = None,
     ) -> AsyncSemaphore:
-        """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order."""
-        return AsyncSemaphore(self.backend, name, limit, ttl, on_lost=on_lost)
+        """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order.
+
+        ``async with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
+        seconds (``None``: without a limit), like :meth:`lock`."""
+        return AsyncSemaphore(self.backend, name, limit, ttl, on_lost=on_lost, timeout=timeout)
 
     def queue(
         self,

@@ -7,6 +7,7 @@ generated from ``_async`` by ``scripts/unasync.py``. No event loop is ever run h
 from __future__ import annotations
 
 import inspect
+import os
 import socket
 import threading
 import time
@@ -55,6 +56,11 @@ def stop(handle: threading.Thread) -> None:
 def context_key() -> object:
     """What one lease renewer serves: the process (a forked child resets its renewers)."""
     return None
+
+
+def current_owner() -> object:
+    """Who is inside a ``with sem:`` block: this thread of this process."""
+    return (os.getpid(), threading.get_ident())
 
 
 def context_gone(key: object) -> bool:

@@ -43,9 +43,14 @@ class Client:
         ttl: float = 30.0,
         *,
         on_lost: Callable[[Lease], object] | None = None,
+        timeout: float | None = None,
     ) -> Lock:
-        """A fair leased lock: one holder of ``name`` at a time, in arrival order."""
-        return Lock(self.backend, name, ttl, on_lost=on_lost)
+        """A fair leased lock: one holder of ``name`` at a time, in arrival order.
+
+        ``with client.lock(name) as lease:`` waits up to ``timeout`` seconds (``None``:
+        without a limit) and keeps the lease renewed until the block ends; ``acquire``,
+        ``try_acquire`` and the rest give finer control."""
+        return Lock(self.backend, name, ttl, on_lost=on_lost, timeout=timeout)
 
     def semaphore(
         self,
@@ -54,9 +59,13 @@ class Client:
         ttl: float = 30.0,
         *,
         on_lost: Callable[[Lease], object] | None = None,
+        timeout: float | None = None,
     ) -> Semaphore:
-        """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order."""
-        return Semaphore(self.backend, name, limit, ttl, on_lost=on_lost)
+        """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order.
+
+        ``with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
+        seconds (``None``: without a limit), like :meth:`lock`."""
+        return Semaphore(self.backend, name, limit, ttl, on_lost=on_lost, timeout=timeout)
 
     def queue(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 from .._core import timing, validate
 from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseLost
+from . import _compat
 from .backends.protocol import Backend, Waiter
 from .renewer import renewer_for
 
@@ -214,8 +215,17 @@ class Semaphore:
     """At most ``limit`` holders of ``name`` at a time; waiters granted in arrival order.
 
     Every grant is a lease with a ``ttl`` on the store's clock and a fencing token larger than
-    any earlier token on the name. Objects are cheap handles holding no state: create them
-    freely, from any process.
+    any earlier token on the name. Objects are cheap handles: create them freely, from any
+    process. The only state one keeps is the leases of its ``with sem:`` blocks that
+    are running, one per task (thread, in the sync API).
+
+    ``with sem as lease:`` (sync: ``with sem as lease:``) waits in line up to the
+    semaphore's ``timeout`` (default ``None``: without a time limit, like ``threading.Lock``),
+    keeps the lease renewed while the block runs and releases it when the block ends, exactly
+    as ``with sem.acquire(timeout) as lease:``. One object may be shared by many tasks
+    or threads, each taking its own lease; the same task entering the same object again
+    before leaving it raises :class:`~turnstile.InvalidArgument` (leases are not re-entrant:
+    a lock would wait for itself).
     """
 
     def __init__(
@@ -226,12 +236,16 @@ class Semaphore:
         ttl: float = 30.0,
         *,
         on_lost: Callable[[Lease], object] | None = None,
+        timeout: float | None = None,
     ) -> None:
         self._backend = backend
         self.name = validate.name(name)
         self.limit = validate.limit(limit)
         self.ttl = validate.ttl(ttl)
+        self.timeout = validate.timeout(timeout)
         self._on_lost = on_lost
+        # The leases of `with sem:` blocks running now, by task (sync: by thread).
+        self._held: dict[object, Lease] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} limit={self.limit} ttl={self.ttl}>"
@@ -451,6 +465,31 @@ class Semaphore:
         """Whether every slot is taken right now."""
         return len((self.status()).holders) >= self.limit
 
+    def __enter__(self) -> Lease:
+        owner = _compat.current_owner()
+        if owner in self._held:
+            raise InvalidArgument(
+                f"this {type(self).__name__} object for {self.name!r} is already held by the "
+                "running block of this task: leases are not re-entrant; take a second one "
+                "with acquire(), or use the object once per block"
+            )
+        lease = self._acquire(self.timeout, None)
+        self._held[owner] = lease
+        return lease.__enter__()  # starts renewing; cannot fail
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = self._held.pop(_compat.current_owner(), None)
+        if lease is None:
+            raise InvalidArgument(
+                f"this {type(self).__name__} object for {self.name!r} is not held by this task"
+            )
+        lease.__exit__(exc_type, exc, tb)
+
 
 class Lock(Semaphore):
     """At most one holder of ``name`` at a time, granted in arrival order: a semaphore with
@@ -466,8 +505,9 @@ class Lock(Semaphore):
         ttl: float = 30.0,
         *,
         on_lost: Callable[[Lease], object] | None = None,
+        timeout: float | None = None,
     ) -> None:
-        super().__init__(backend, name, 1, ttl, on_lost=on_lost)
+        super().__init__(backend, name, 1, ttl, on_lost=on_lost, timeout=timeout)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} ttl={self.ttl}>"
