@@ -107,8 +107,13 @@ def test_status_shows_holders_and_waiters_in_order(url: str, tmp_path: Path) -> 
 def test_status_of_nothing(url: str) -> None:
     empty = run("status", "--url", url)
     assert empty.returncode == 0
-    assert empty.stdout.strip() == "no names have holders or waiters"
-    assert json.loads(run("status", "--url", url, "--json").stdout)["names"] == []
+    assert empty.stdout.strip() == (
+        "no names have holders or waiters\nstore: schema version 2, up to date"
+    )
+    data = json.loads(run("status", "--url", url, "--json").stdout)
+    assert data["names"] == []
+    assert data["schema"]["store"] == "sqlite" and data["schema"]["up_to_date"] is True
+    assert data["schema"]["applied"] == data["schema"]["latest"] == 2
     free = run("status", "--url", url, "some name")
     assert free.stdout.strip() == "some name: free (no holders, no waiters)"
     data = json.loads(run("status", "--url", url, "some name", "--json").stdout)

@@ -45,7 +45,7 @@ from ._support import (
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Modules under turnstile.cli, in the order `turnstile --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue", "serve")
+COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue", "serve", "migrate")
 
 DESCRIPTION = """\
 Fair leased locks and semaphores shared by every process that uses the same store URL.
@@ -54,8 +54,10 @@ Fair leased locks and semaphores shared by every process that uses the same stor
   turnstile run --semaphore NAME --limit N -- CMD…
   turnstile status [NAME] [--json]             holders and waiters
   turnstile demo                               the per-order webhook problem, live
-  turnstile queue put|get|stats|dead|requeue … keyed FIFO queues (turnstile queue --help)
+  turnstile queue {queue_actions} …
+                                               keyed FIFO queues (turnstile queue --help)
   turnstile serve [--host H] [--port P]        HTTP API, dashboard, metrics (docs/http.md)
+  turnstile migrate [--print-sql | --apply]    schema version; SQL for a DBA (PostgreSQL)
 """
 
 EPILOG = """\
@@ -78,7 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     for module_name in COMMANDS:
         module = importlib.import_module(f"{__name__}.{module_name}")
         module.register(subparsers)
+    # Every queue action, as registered (a new one shows up here by itself).
+    parser.description = DESCRIPTION.format(
+        queue_actions="|".join(_subcommands(subparsers.choices["queue"]))
+    )
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

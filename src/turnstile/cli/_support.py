@@ -286,6 +286,18 @@ def error(message: str, secrets: list[str] | None = None) -> None:
     print(f"turnstile: error: {line}", file=sys.stderr, flush=True)
 
 
+def print_json(data: Any) -> None:
+    """Every ``--json`` output: one line (for pipes, ``jq`` and line-based logs), indented
+    when stdout is a terminal (for people)."""
+    import json
+
+    indent = 2 if sys.stdout.isatty() else None
+    separators = None if indent else (",", ":")
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=indent, separators=separators))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
 def note(message: str) -> None:
     print(f"turnstile: {message}", file=sys.stderr, flush=True)
 

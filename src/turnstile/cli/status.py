@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from .. import Status
 from .._core.urls import redact
 from . import _support
+from .migrate import schema_version
 
 EPILOG = """\
 examples:
@@ -20,7 +19,8 @@ examples:
 
 Times come from the store's clock: age = since the grant, expires in = until the lease
 lapses unless renewed, waiting = since the waiter first asked.
---json prints one object for NAME, else {"url": …, "names": [object, …], "truncated": bool};
+--json prints one object for NAME, else {"url": …, "names": [object, …], "truncated": bool,
+"schema": {store, where, applied, latest, up_to_date} or null (stores without a schema)};
 each object is {name, limit, now, holders: [{holder, token, acquired_at, expires_at, age,
 expires_in}], waiters: [{holder, position, joined_at, expires_at, waiting}]}.
 """
@@ -64,6 +64,7 @@ def status_command(args: argparse.Namespace) -> int:
         names = client.names(args.prefix, MAX_NAMES + 1)
         truncated = len(names) > MAX_NAMES
         statuses = [client.status(name) for name in names[:MAX_NAMES]]
+    schema = schema_version(_support.resolved_url(args))
     # A name can become free between names() and status(): show only live ones.
     statuses = [s for s in statuses if s.holders or s.waiters]
     if args.json:
@@ -72,23 +73,26 @@ def status_command(args: argparse.Namespace) -> int:
                 "url": redact(_support.resolved_url(args)),
                 "names": [s.to_dict() for s in statuses],
                 "truncated": truncated,
+                "schema": None if schema is None else schema.to_dict(),
             }
         )
         return _support.EXIT_OK
+    footer = "" if schema is None else f"\nstore: {schema.summary()}"
     if not statuses:
         where = f" starting with {_support.printable(args.prefix)!r}" if args.prefix else ""
-        print(f"no names{where} have holders or waiters")
+        print(f"no names{where} have holders or waiters{footer}")
         return _support.EXIT_OK
     blocks = ["\n".join(render(s)) for s in statuses]
     print("\n\n".join(blocks))
     if truncated:
         print(f"\n(only the first {MAX_NAMES} names are shown; narrow them with --prefix)")
+    if footer:
+        print(footer)
     return _support.EXIT_OK
 
 
 def _print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, ensure_ascii=False, indent=2)
-    sys.stdout.write("\n")
+    _support.print_json(data)
 
 
 def render(status: Status) -> list[str]:

@@ -207,19 +207,24 @@ async def _migrate(conn: AsyncConnection[Any], config: pg.PostgresConfig) -> Non
                 f"version {current}, newer than this release understands "
                 f"({pg.SCHEMA_VERSION}); upgrade turnstile"
             )
-    async with conn.transaction():
-        await conn.execute(q("migrate_lock"), {"key": pg.migrate_lock_key(config.schema)})
-        cursor = await conn.execute(q("schema_exists"), {"schema": config.schema})
-        if await cursor.fetchone() is None:
-            await conn.execute(q("create_schema"))
-        await conn.execute(q("create_version_table"))
-        cursor = await conn.execute(q("applied_version"))
-        current = int((await cursor.fetchone() or (0,))[0])
-        for number, filename, script in pg.MIGRATIONS:
-            if number > current:
-                log.info("applying %s to schema %r", filename, config.schema)
-                await conn.execute(pg.render(script, config.schema))
-                await conn.execute(q("record_version"), {"version": number, "name": filename})
+    try:
+        async with conn.transaction():
+            await conn.execute(q("migrate_lock"), {"key": pg.migrate_lock_key(config.schema)})
+            cursor = await conn.execute(q("schema_exists"), {"schema": config.schema})
+            if await cursor.fetchone() is None:
+                await conn.execute(q("create_schema"))
+            await conn.execute(q("create_version_table"))
+            cursor = await conn.execute(q("applied_version"))
+            current = int((await cursor.fetchone() or (0,))[0])
+            for number, filename, script in pg.MIGRATIONS:
+                if number > current:
+                    log.info("applying %s to schema %r", filename, config.schema)
+                    await conn.execute(pg.render(script, config.schema))
+                    await conn.execute(
+                        q("record_version"), {"version": number, "name": filename}
+                    )
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise pg.cannot_migrate(exc, config) from exc
 
 
 async def open_backend(url: str, parts: SplitResult) -> AsyncPostgresBackend:

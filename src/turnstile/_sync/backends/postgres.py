@@ -208,19 +208,24 @@ def _migrate(conn: Connection[Any], config: pg.PostgresConfig) -> None:
                 f"version {current}, newer than this release understands "
                 f"({pg.SCHEMA_VERSION}); upgrade turnstile"
             )
-    with conn.transaction():
-        conn.execute(q("migrate_lock"), {"key": pg.migrate_lock_key(config.schema)})
-        cursor = conn.execute(q("schema_exists"), {"schema": config.schema})
-        if cursor.fetchone() is None:
-            conn.execute(q("create_schema"))
-        conn.execute(q("create_version_table"))
-        cursor = conn.execute(q("applied_version"))
-        current = int((cursor.fetchone() or (0,))[0])
-        for number, filename, script in pg.MIGRATIONS:
-            if number > current:
-                log.info("applying %s to schema %r", filename, config.schema)
-                conn.execute(pg.render(script, config.schema))
-                conn.execute(q("record_version"), {"version": number, "name": filename})
+    try:
+        with conn.transaction():
+            conn.execute(q("migrate_lock"), {"key": pg.migrate_lock_key(config.schema)})
+            cursor = conn.execute(q("schema_exists"), {"schema": config.schema})
+            if cursor.fetchone() is None:
+                conn.execute(q("create_schema"))
+            conn.execute(q("create_version_table"))
+            cursor = conn.execute(q("applied_version"))
+            current = int((cursor.fetchone() or (0,))[0])
+            for number, filename, script in pg.MIGRATIONS:
+                if number > current:
+                    log.info("applying %s to schema %r", filename, config.schema)
+                    conn.execute(pg.render(script, config.schema))
+                    conn.execute(
+                        q("record_version"), {"version": number, "name": filename}
+                    )
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise pg.cannot_migrate(exc, config) from exc
 
 
 def open_backend(url: str, parts: SplitResult) -> PostgresBackend:

@@ -135,6 +135,51 @@ def migrate_lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def migration_script(schema: str, applied: int = 0, grant_to: str | None = None) -> str:
+    """The SQL that ``turnstile migrate --print-sql`` shows a DBA: the migrations after
+    ``applied``, with the version bookkeeping, as one transaction (what the backends run on
+    their first connection, statement for statement). It refuses to run if the schema is no
+    longer at ``applied`` when it is applied. ``grant_to``: also grant that role what the
+    application needs (docs/postgres.md, "Permissions")."""
+    ident = quote_ident(schema)
+    out = [
+        f"-- Turnstile schema {schema!r}: from version {applied} to {SCHEMA_VERSION}.",
+        "-- Review, then run as a role that may create the schema, e.g.",
+        "--   psql -v ON_ERROR_STOP=1 -f this-file.sql   (it is one transaction: BEGIN … COMMIT)",
+        "BEGIN;",
+        f"SELECT pg_advisory_xact_lock({migrate_lock_key(schema)});",
+        render(QUERIES["create_schema"], schema) + ";",
+        render(QUERIES["create_version_table"], schema) + ";",
+        "DO $turnstile$ BEGIN",
+        f"  IF (SELECT coalesce(max(version), 0) FROM {ident}.schema_version) <> {applied} THEN",
+        f"    RAISE EXCEPTION 'schema % is not at version {applied}: generate the script again',",
+        f"      {quote_literal(schema)};",
+        "  END IF;",
+        "END $turnstile$;",
+    ]
+    for number, filename, script in MIGRATIONS:
+        if number > applied:
+            out += [
+                "",
+                f"-- {filename}",
+                render(script, schema).strip(),
+                f"INSERT INTO {ident}.schema_version (version, name) "
+                f"VALUES ({number}, {quote_literal(filename)});",
+            ]
+    if grant_to is not None:
+        role = quote_ident(grant_to)
+        out += [
+            "",
+            f"-- What the application role {grant_to!r} needs (docs/postgres.md).",
+            f"GRANT USAGE ON SCHEMA {ident} TO {role};",
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {ident} TO {role};",
+            f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {ident} TO {role};",
+            f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {ident} TO {role};",
+        ]
+    out += ["COMMIT;", ""]
+    return "\n".join(out)
+
+
 def wake_key(name: str, waiter: str, *, queue: bool = False) -> str:
     """The NOTIFY payload (its first word) that names one waiter: of a lock (``waiter`` is
     the holder) or, with ``queue``, a blocked consumer of a queue (``waiter`` is its id).
@@ -355,6 +400,17 @@ def translate(exc: BaseException, action: str, config: PostgresConfig) -> Turnst
     """A psycopg exception as a Turnstile one (the caller raises it ``from exc``)."""
     return BackendUnavailable(
         f"PostgreSQL at {config.display!r} failed to {action}: {describe(exc, config)}"
+    )
+
+
+def cannot_migrate(exc: BaseException, config: PostgresConfig) -> ConfigurationError:
+    """The connecting role may not create or migrate the schema: say who can, and how."""
+    return ConfigurationError(
+        f"PostgreSQL at {config.display!r}: this role lacks the privilege to create or "
+        f"migrate schema {config.schema!r} to Turnstile schema version {SCHEMA_VERSION} "
+        f"({describe(exc, config)}); have a DBA review and apply the SQL printed by "
+        "`turnstile migrate --url URL --print-sql [--grant ROLE]`, or run "
+        "`turnstile migrate --url URL --apply` as a role that may (docs/postgres.md)"
     )
 
 
