@@ -22,15 +22,16 @@ class BackendEntry:
 
 # scheme -> backend module. Later backends join by adding a row.
 SCHEMES: dict[str, BackendEntry] = {
-    "memory": BackendEntry("memory", None, "one process, nothing stored"),
-    "sqlite": BackendEntry("sqlite", None, "embedded default: every process on one host"),
-    "redis": BackendEntry("redis", "redis", "Redis server"),
-    "rediss": BackendEntry("redis", "redis", "Redis server over TLS"),
+    # description: a noun phrase, used as "the {description} backend"
+    "memory": BackendEntry("memory", None, "in-process memory"),
+    "sqlite": BackendEntry("sqlite", None, "embedded SQLite"),
+    "redis": BackendEntry("redis", "redis", "Redis"),
+    "rediss": BackendEntry("redis", "redis", "Redis (TLS)"),
     "redis+cluster": BackendEntry("redis", "redis", "Redis Cluster"),
     "postgresql": BackendEntry("postgres", "postgres", "PostgreSQL"),
     "postgres": BackendEntry("postgres", "postgres", "PostgreSQL"),
-    "http": BackendEntry("http", "http", "a Turnstile HTTP service"),
-    "https": BackendEntry("http", "http", "a Turnstile HTTP service over TLS"),
+    "http": BackendEntry("http", "http", "Turnstile HTTP service"),
+    "https": BackendEntry("http", "http", "Turnstile HTTP service (TLS)"),
 }
 
 

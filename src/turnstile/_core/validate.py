@@ -119,10 +119,24 @@ def timeout(value: Any, arg: str = "timeout") -> float | None:
     return result
 
 
+def seconds_text(value: float) -> str:
+    """A bound in seconds as people read it: ``0.05 seconds``, ``43200 seconds (12 hours)``,
+    ``2592000 seconds (30 days)``; never ``2.592e+06``."""
+    text = f"{value:.0f}" if value == int(value) else repr(value)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if value >= size and value % size == 0:
+            count = int(value // size)
+            return f"{text} seconds ({count} {unit}{'s' if count != 1 else ''})"
+    return f"{text} seconds"
+
+
 def seconds(value: Any, arg: str, *, low: float = 0.0, high: float = MAX_TIMEOUT) -> float:
     result = _number(value, arg)
     if not low <= result <= high:
-        raise InvalidArgument(f"{arg} must be between {low:g} and {high:g} seconds, got {value!r}")
+        low_text = f"{low:.0f}" if low == int(low) else repr(low)
+        raise InvalidArgument(
+            f"{arg} must be between {low_text} and {seconds_text(high)}, got {value!r}"
+        )
     return result
 
 
@@ -205,8 +219,8 @@ def concurrency(value: Any) -> int | None:
     return limit(value, "concurrency")
 
 
-def dedup_window(value: Any) -> float:
-    return seconds(value, "dedup_window", low=MIN_DEDUP_WINDOW, high=MAX_DEDUP_WINDOW)
+def dedup_window(value: Any, arg: str = "dedup_window") -> float:
+    return seconds(value, arg, low=MIN_DEDUP_WINDOW, high=MAX_DEDUP_WINDOW)
 
 
 def count(value: Any, arg: str, high: int = MAX_LIST) -> int:

@@ -126,11 +126,14 @@ def stop_on_signals() -> Iterator[None]:
 # -- argument types: parse, validate with the core's rules, name the argument -------------
 
 
-def _type_error(option: str, exc: InvalidArgument) -> argparse.ArgumentTypeError:
+def type_error(option: str, exc: InvalidArgument) -> argparse.ArgumentTypeError:
+    """The core's message without its leading argument name (``option``, or the Python
+    parameter it was checked as): argparse names the CLI argument itself."""
     message = str(exc)
     if message.startswith(option + " "):
         message = message[len(option) + 1 :]
     return argparse.ArgumentTypeError(message)
+
 
 
 def _parse_float(text: str, what: str) -> float:
@@ -153,7 +156,7 @@ def ttl_type(option: str) -> Callable[[str], float]:
         try:
             return validate.ttl(value, option)
         except InvalidArgument as exc:
-            raise _type_error(option, exc) from None
+            raise type_error(option, exc) from None
 
     return parse
 
@@ -175,6 +178,21 @@ def timeout_type(option: str) -> Callable[[str], float]:
     return parse
 
 
+def seconds_type(
+    option: str, low: float = 0.0, high: float = validate.MAX_TIMEOUT
+) -> Callable[[str], float]:
+    """A number of seconds in [low, high] (finite)."""
+
+    def parse(text: str) -> float:
+        value = _parse_float(text, "a number of seconds")
+        try:
+            return validate.seconds(value, option, low=low, high=high)
+        except InvalidArgument as exc:
+            raise type_error(option, exc) from None
+
+    return parse
+
+
 def int_type(option: str, low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = _parse_int(text)
@@ -191,7 +209,7 @@ def limit_type(option: str) -> Callable[[str], int]:
         try:
             return validate.limit(value, option)
         except InvalidArgument as exc:
-            raise _type_error(option, exc) from None
+            raise type_error(option, exc) from None
 
     return parse
 
@@ -201,7 +219,7 @@ def name_type(option: str) -> Callable[[str], str]:
         try:
             return validate.name(text, option)
         except InvalidArgument as exc:
-            raise _type_error(option, exc) from None
+            raise type_error(option, exc) from None
 
     return parse
 
@@ -211,7 +229,7 @@ def holder_type(option: str) -> Callable[[str], str]:
         try:
             return validate.holder(text, option)
         except InvalidArgument as exc:
-            raise _type_error(option, exc) from None
+            raise type_error(option, exc) from None
 
     return parse
 
@@ -235,7 +253,8 @@ def milliseconds_type(option: str, high: float) -> Callable[[str], float]:
 
 def printable(text: str) -> str:
     """``text`` with control characters escaped, so a name or holder id can never move the
-    cursor or recolour a terminal."""
+    cursor or recolour a terminal. For quoted text use ``{text!r}`` alone: ``repr`` escapes
+    the same characters, and quoting this function's result would escape them twice."""
     if text.isprintable():
         return text
     return "".join(

@@ -5,7 +5,6 @@ worker processes. The scenario, the workers, the judge and the text all live in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -251,8 +250,7 @@ def _demo(
         display.finish()
     summary = scenario.summarize(result)
     if args.json:
-        json.dump(_report(args, url, result, summary, waited), out, indent=2)
-        out.write("\n")
+        _support.print_json(_report(args, url, result, summary, waited))
     else:
         width = args.width or max(20, min(100, shutil.get_terminal_size((100, 24)).columns - 14))
         waiting = "an event waiting for its turn"

@@ -4,6 +4,7 @@ the shell (see docs/queue.md)."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 from typing import Any
@@ -85,7 +86,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = action("put", "record a message; prints its id")
     p.add_argument("payload", metavar="PAYLOAD", help="JSON, or - to read it from stdin")
     p.add_argument("--raw", action="store_true", help="send PAYLOAD as bytes, not JSON")
-    p.add_argument("--key", metavar="KEY", help="one at a time per key, in put order")
+    p.add_argument(
+        "--key",
+        metavar="KEY",
+        type=_text("key", validate.key),
+        help="one at a time per key, in put order",
+    )
     p.add_argument(
         "--delay",
         metavar="S",
@@ -93,7 +99,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0.0,
         help="seconds before it can be delivered (default 0)",
     )
-    p.add_argument("--dedup-id", metavar="ID", help="store once per ID within --dedup-window")
+    p.add_argument(
+        "--dedup-id",
+        metavar="ID",
+        type=_text("dedup_id", validate.dedup_id),
+        help="store once per ID within --dedup-window",
+    )
     p.add_argument(
         "--dedup-window",
         metavar="S",
@@ -146,8 +157,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("nack", "settle a delivery as failed: deliver again (after --delay)"),
     ):
         p = action(name, help)
-        p.add_argument("id", metavar="ID")
-        p.add_argument("receipt", metavar="RECEIPT")
+        p.add_argument("id", metavar="ID", type=_text("id", validate.message_id))
+        p.add_argument("receipt", metavar="RECEIPT", type=_text("receipt", validate.receipt))
         if name == "nack":
             p.add_argument(
                 "--delay",
@@ -186,17 +197,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("purge", "delete dead letters"),
     ):
         p = action(name, help)
-        p.add_argument("ids", metavar="ID", nargs="*", help="dead letters by id")
+        p.add_argument(
+            "ids",
+            metavar="ID",
+            nargs="*",
+            type=_text("id", validate.message_id),
+            help="dead letters by id",
+        )
         p.add_argument("--all", action="store_true", help="every dead letter of QUEUE")
         p.set_defaults(handler=dead_edit_command, edit=name, edit_parser=p)
-    parser.set_defaults(handler=lambda args: _usage(parser))
+    parser.set_defaults(handler=lambda args: _usage(sub))
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
-    _support.error(
-        "choose an action: list, put, get, ack, nack, stats, dead, requeue, purge "
-        "(see: turnstile queue --help)"
-    )
+def _usage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> int:
+    _support.error(f"choose an action: {', '.join(sub.choices)} (see: turnstile queue --help)")
     return _support.EXIT_USAGE
 
 
@@ -207,16 +221,28 @@ def _seconds(option: str, check: Any) -> Any:
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
         try:
-            return float(check(value, option.lstrip("-").replace("-", "_")))
+            return float(check(value, option))
         except InvalidArgument as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise _support.type_error(option, exc) from None
+
+    return parse
+
+
+def _text(python_name: str, check: Any) -> Any:
+    """A text argument checked by the core's rule; its message names the CLI argument
+    (argparse puts ``argument --key:`` in front), not the Python parameter."""
+
+    def parse(text: str) -> str:
+        try:
+            return str(check(text))
+        except InvalidArgument as exc:
+            raise _support.type_error(python_name, exc) from None
 
     return parse
 
 
 def _print_json(value: object) -> None:
-    json.dump(value, sys.stdout, ensure_ascii=False)
-    sys.stdout.write("\n")
+    _support.print_json(value)
 
 
 def _payload(args: argparse.Namespace) -> Any:
@@ -242,7 +268,7 @@ def list_command(args: argparse.Namespace) -> int:
         _print_json([s.to_dict() for s in stats] if args.stats else names)
         return _support.EXIT_OK
     if not names:
-        where = f" starting with {_support.printable(args.prefix)!r}" if args.prefix else ""
+        where = f" starting with {args.prefix!r}" if args.prefix else ""
         print(f"no queue holds messages{where}")
         return _support.EXIT_OK
     if not args.stats:
@@ -269,14 +295,19 @@ def put_command(args: argparse.Namespace) -> int:
     return _support.EXIT_OK
 
 
-def _message_dict(m: Any) -> dict[str, object]:
-    payload = m.payload
+def _payload_fields(payload: Any) -> dict[str, Any]:
+    """A payload as the HTTP API gives it: JSON in ``payload``, or bytes (put with --raw) in
+    ``payload_base64``, the other one null; so no JSON payload can pass for bytes."""
     if isinstance(payload, bytes):
-        payload = {"bytes": payload.hex()}
+        return {"payload": None, "payload_base64": base64.b64encode(payload).decode("ascii")}
+    return {"payload": payload, "payload_base64": None}
+
+
+def _message_dict(m: Any) -> dict[str, object]:
     return {
         "id": m.id,
         "key": m.key,
-        "payload": payload,
+        **_payload_fields(m.payload),
         "attempt": m.attempt,
         "enqueued_at": m.enqueued_at,
         "receipt": m.receipt,
@@ -295,7 +326,7 @@ def get_command(args: argparse.Namespace) -> int:
         m = q.get(timeout=args.timeout)
         if m is None:
             _support.note(
-                f"no message in {_support.printable(args.queue)!r} within {args.timeout:g} s"
+                f"no message in {args.queue!r} within {args.timeout:g} s"
             )
             return _support.EXIT_TIMEOUT
         record = _message_dict(m)
@@ -352,19 +383,23 @@ def dead_command(args: argparse.Namespace) -> int:
     with _support.connect(args) as client:
         dead = client.queue(args.queue).dead_letters(limit=args.limit)
     if args.json:
-        _print_json([d.to_dict() for d in dead])
+        _print_json([{**d.to_dict(), **_payload_fields(d.payload)} for d in dead])
         return _support.EXIT_OK
     if not dead:
-        print(f"no dead letters in {_support.printable(args.queue)!r}")
+        print(f"no dead letters in {args.queue!r}")
         return _support.EXIT_OK
     for d in dead:
-        payload = json.dumps(d.to_dict()["payload"], ensure_ascii=False)
+        fields = _payload_fields(d.payload)
+        if fields["payload_base64"] is not None:
+            shown, payload = "payload_base64", fields["payload_base64"]
+        else:
+            shown, payload = "payload", json.dumps(fields["payload"], ensure_ascii=False)
         if len(payload) > 60:
             payload = payload[:57] + "..."
         key = "-" if d.key is None else _support.printable(d.key)
         print(
             f"{d.id}  key={key}  attempts={d.attempts}  error={_support.printable(d.error or '-')}"
-            f"  payload={_support.printable(payload)}"
+            f"  {shown}={_support.printable(payload)}"
         )
     return _support.EXIT_OK
 

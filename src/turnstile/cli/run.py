@@ -126,9 +126,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--kill-after",
         metavar="S",
-        type=_support.timeout_type("--kill-after"),
+        type=_support.seconds_type("--kill-after"),
         default=KILL_AFTER_DEFAULT,
-        help=f"seconds between SIGTERM and SIGKILL (default {KILL_AFTER_DEFAULT:g})",
+        help="after a lost lease with --on-lost terminate: seconds from the SIGTERM to a "
+        f"SIGKILL if CMD still runs (default {KILL_AFTER_DEFAULT:g}; 0: SIGKILL at once). "
+        "Signals sent to turnstile itself are passed to CMD as they are, never escalated",
     )
     parser.add_argument(
         "--timeout-exit-code",
@@ -188,7 +190,7 @@ def run_command(args: argparse.Namespace) -> int:
             sem = client.lock(name, args.ttl, on_lost=alarm)
         else:
             sem = client.semaphore(name, limit, args.ttl, on_lost=alarm)
-        shown = f"{kind} {_support.printable(name)!r}"
+        shown = f"{kind} {name!r}"
         started = time.monotonic()
         lease: Lease | None = None
         try:
@@ -202,7 +204,7 @@ def run_command(args: argparse.Namespace) -> int:
                     return int(args.timeout_exit_code)
                 if args.verbose:
                     _support.note(
-                        f"holding {shown} as {_support.printable(holder)!r} "
+                        f"holding {shown} as {holder!r} "
                         f"(token {lease.token}) after {time.monotonic() - started:.3f} s"
                     )
                 env = dict(os.environ)

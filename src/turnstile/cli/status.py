@@ -79,7 +79,7 @@ def status_command(args: argparse.Namespace) -> int:
         return _support.EXIT_OK
     footer = "" if schema is None else f"\nstore: {schema.summary()}"
     if not statuses:
-        where = f" starting with {_support.printable(args.prefix)!r}" if args.prefix else ""
+        where = f" starting with {args.prefix!r}" if args.prefix else ""
         print(f"no names{where} have holders or waiters{footer}")
         return _support.EXIT_OK
     blocks = ["\n".join(render(s)) for s in statuses]

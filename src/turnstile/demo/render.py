@@ -142,7 +142,10 @@ class LiveBoard(Display):
         self.drawn = len(rows)
 
     def finish(self) -> None:
-        self.draw()
+        # Every update drew its frame already: drawing the last one again would show it
+        # twice wherever the output is kept (a log, `script`, a terminal's scrollback).
+        if not self.drawn:
+            self.draw()
 
 
 # -- afterwards ---------------------------------------------------------------------------

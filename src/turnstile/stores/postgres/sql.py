@@ -392,8 +392,12 @@ def is_connection_error(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException, config: PostgresConfig) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return config.scrub(text)
+    # One line, without a final full stop (it is quoted mid-sentence); libpq's lines
+    # ("… Connection refused", "Is the server running …?") become clauses.
+    lines = [" ".join(line.split()).rstrip(".") for line in str(exc).splitlines()]
+    lines = [line for line in lines if line]
+    text = "; ".join(lines[:1] + [line[:1].lower() + line[1:] for line in lines[1:]])
+    return config.scrub(text or type(exc).__name__)
 
 
 def translate(exc: BaseException, action: str, config: PostgresConfig) -> TurnstileError:
@@ -425,7 +429,8 @@ def translate_connect(exc: BaseException, config: PostgresConfig) -> TurnstileEr
             f"{config.schema!r}: {text} (check the user, password, database and the role's "
             "privileges; see docs/postgres.md)"
         )
-    return BackendUnavailable(
-        f"cannot connect to PostgreSQL at {config.display!r}: {text} "
-        "(is the server running and reachable at that address?)"
-    )
+    # libpq often asks the question itself ("Is the server running on that host …?"):
+    # then it is not asked twice.
+    asked = "server running" in text.lower()
+    hint = "" if asked else " (is the server running and reachable there?)"
+    return BackendUnavailable(f"cannot connect to PostgreSQL at {config.display!r}: {text}{hint}")

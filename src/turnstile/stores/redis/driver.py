@@ -18,8 +18,9 @@ DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
 
 
 def safe_message(exc: BaseException, config: RedisConfig) -> str:
-    """A driver error's text, with the password (if any) blotted out."""
-    text = str(exc) or type(exc).__name__
+    """A driver error's text, with the password (if any) blotted out, and without a final
+    full stop: it is quoted mid-sentence ("…: Connection refused; check …")."""
+    text = str(exc).strip().rstrip(".") or type(exc).__name__
     if config.password:
         text = text.replace(config.password, "***")
     return text
