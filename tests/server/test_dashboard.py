@@ -216,3 +216,58 @@ def test_dashboard_shows_queues_and_requeues_dead_letters(
         other.close()
     finally:
         client.close()
+
+
+WORDS_SPLIT_ACROSS_LINES = """() => {
+  const broken = [];
+  for (const li of document.querySelectorAll("[data-testid=event]")) {
+    const walker = document.createTreeWalker(li, NodeFilter.SHOW_TEXT);
+    let node;
+    while ((node = walker.nextNode())) {
+      if (node.parentElement.closest(".tok")) continue;  // names and holders may break
+      const word = /\\S+/g;
+      let m;
+      while ((m = word.exec(node.data))) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+        if (lines.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return broken;
+}"""
+
+
+def test_dashboard_without_a_token_claims_nothing_and_events_wrap_between_words(
+    browser: Any, server: ServerProcess
+) -> None:
+    client = turnstile.connect(server.url("admin"))
+    try:
+        client.lock("a:held-while-locked-out", ttl=30).acquire(timeout=5, holder="someone")
+        client.queue("a:jobs-while-locked-out").put({"n": 1})
+        # Without a token nothing is known: no "nothing held", no "no queues" under the banner.
+        bare = open_dashboard(browser, server, None)
+        bare.wait_for_selector("[data-testid=message] >> text=bearer token", timeout=10_000)
+        assert bare.locator("[data-testid=names]").inner_text().strip() == ""
+        assert bare.locator("[data-testid=queues]").inner_text().strip() == ""
+        text = bare.locator("main").inner_text()
+        assert "nothing held" not in text and "no queue" not in text
+        bare.close()
+
+        # Events of many lengths: wherever a line wraps, it wraps between words (only a
+        # name or holder id longer than the column breaks inside itself).
+        for n in range(12):
+            name = "a:wrap-" + "x" * (3 * n) + "-end"
+            with client.lock(name, ttl=30).acquire(timeout=5, holder="holder-" + "y" * n):
+                pass
+        page = open_dashboard(browser, server, "admin")
+        page.wait_for_selector("[data-testid=event] >> text=a:wrap--end", timeout=10_000)
+        page.wait_for_selector(
+            "[data-testid=event] >> text=a:wrap-" + "x" * 33 + "-end", timeout=10_000
+        )
+        assert page.evaluate(WORDS_SPLIT_ACROSS_LINES) == []
+        page.close()
+    finally:
+        client.close()
