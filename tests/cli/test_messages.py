@@ -219,3 +219,11 @@ def test_demo_live_board_draws_its_last_frame_once() -> None:
     board.finish()
     assert out.getvalue().count("2/2 done") == 1
     assert out.getvalue().count("order A   RA1 done     RA2 done") == 1
+
+
+def test_serve_errors_start_with_error(tmp_path: object) -> None:
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    out = run("serve", "--url", f"sqlite:///{tmp_path}/s.db", "--host", "0.0.0.0")
+    assert out.returncode == 78
+    assert out.stderr.startswith("turnstile serve: error: refusing to listen")

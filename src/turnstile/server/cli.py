@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"turnstile serve: {message}", file=sys.stderr)
+    print(f"turnstile serve: error: {message}", file=sys.stderr)  # like every command
     return code
 
 
