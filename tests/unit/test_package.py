@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 import turnstile
 import turnstile.aio
@@ -57,3 +63,32 @@ def test_install_lines_name_the_distribution() -> None:
             if "pip install" in line and (own or extra):
                 wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert wrong == []
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_the_license_the_types_and_the_command(tmp_path: Path) -> None:
+    """Build the wheel as a user's pip would (isolated build with hatchling) and read it."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if built.returncode != 0 and "hatchling" in built.stderr and not os.environ.get("CI"):
+        pytest.skip(f"cannot fetch the build backend here: {built.stderr.strip()[-200:]}")
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("turnstile_locks-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(f"{dist_info}/METADATA").decode()
+        entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
+    assert "turnstile/py.typed" in names
+    assert "turnstile/__init__.py" in names and "turnstile/stores/postgres/schema.sql" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith("/LICENSE") for n in names)
+    assert "\nName: turnstile-locks\n" in metadata
+    assert "Classifier: Programming Language :: Python :: 3.13" in metadata
+    assert "Project-URL: Source," in metadata
+    assert "Provides-Extra: dev" not in metadata and "Provides-Extra: bench" not in metadata
+    assert "turnstile = turnstile.cli:main" in entry_points
+    assert not any(n.startswith(("tests/", "benchmarks/", "scripts/")) for n in names)
