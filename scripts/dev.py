@@ -96,7 +96,7 @@ def ensure_venv(extras: str, groups: str = "") -> None:
         log(f"creating {VENV}")
         run([sys.executable, "-m", "venv", str(VENV)])
     also = f" and the dependency groups {groups}" if requirements else ""
-    log(f"installing turnstile{spec[1:]} (editable){also} into .venv")
+    log(f"installing turnstile-locks{spec[1:]} (editable){also} into .venv")
     run([str(PY), "-m", "pip", "install", "-q", "--upgrade", "pip"])
     run([str(PY), "-m", "pip", "install", "-q", "-e", spec, *requirements], cwd=ROOT)
     stamp.write_text(digest)
