@@ -173,7 +173,15 @@ class AsyncRedisBackend:
                 # deadline the caller derives (its send time + expires - now) counts from
                 # `sent`: conservative, never late.
                 result = replies.acquire_result(name, holder, found[1])
-                return dataclasses.replace(result, now=result.now + (time.monotonic() - found[2]))
+                result = dataclasses.replace(
+                    result, now=result.now + (time.monotonic() - found[2])
+                )
+                grant = result.grant
+                if grant is None or grant.expires_at - result.now >= ttl / 2:
+                    return result
+                # Sent long before it ran (its BLPOP blocked for most of the lease): rather
+                # than start on a lease that looks nearly over, ask again. Per holder the step
+                # answers the same grant, with the store's clock read now.
         reply = await self._run("acquire", name, [name, holder, *step])
         result = replies.acquire_result(name, holder, reply)
         if result.grant is None and result.position is not None:

@@ -19,7 +19,7 @@ from typing import Any
 from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import NoScriptError
 
 from ...errors import BackendUnavailable
@@ -38,7 +38,19 @@ def _retry() -> Retry:
     return Retry(ExponentialBackoff(cap=0.25, base=0.01), RETRIES)
 
 
-def make_client(config: RedisConfig, options: dict[str, Any]) -> Any:
+def _no_retry() -> Retry:
+    """For the clients that block in BLPOP: a blocking command is never sent again blindly.
+    Its wake-up may have been consumed, and the acquire step pipelined behind it may have
+    claimed a grant, before the reply was lost: sent again, the BLPOP would block until its
+    timeout on an empty list and the step behind it would answer a lease that much older.
+    A failed wait returns instead, and the caller looks with an acquire step at once (per
+    holder, it answers the grant already claimed, with its real expiry)."""
+    return Retry(NoBackoff(), 0)
+
+
+def make_client(
+    config: RedisConfig, options: dict[str, Any], retry: Retry | None = None
+) -> Any:
     if config.cluster:
         return RedisCluster(
             startup_nodes=[
@@ -48,10 +60,10 @@ def make_client(config: RedisConfig, options: dict[str, Any]) -> Any:
             username=config.username,
             password=config.password,
             ssl=config.ssl,
-            retry=_retry(),
+            retry=retry if retry is not None else _retry(),
             **options,
         )
-    return Redis.from_url(config.url, retry=_retry(), **options)
+    return Redis.from_url(config.url, retry=retry if retry is not None else _retry(), **options)
 
 
 class RedisConnection:
@@ -79,7 +91,9 @@ class RedisConnection:
         the Cluster client, which learns the new owner)."""
         if not self.config.cluster:
             if self._blocking is None:
-                self._blocking = make_client(self.config, self.config.blocking_options())
+                self._blocking = make_client(
+                    self.config, self.config.blocking_options(), _no_retry()
+                )
             return self._blocking
         node = self.client.get_node_from_key(key)
         address = (str(node.host), int(node.port))
@@ -91,7 +105,7 @@ class RedisConnection:
                 username=self.config.username,
                 password=self.config.password,
                 ssl=self.config.ssl,
-                retry=_retry(),
+                retry=_no_retry(),
                 **self.config.blocking_options(),
             )
             self._blocking_nodes[address] = client
