@@ -98,6 +98,8 @@ class FaultProxy:
     def close(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() under way
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             links = list(self._links)

@@ -56,11 +56,14 @@ def test_dropped_reply_to_the_pipelined_wait_step_keeps_the_grant(
         seen = proxy.request_count(b"BLPOP")
         assert proxy.wait_request(b"BLPOP", seen, 5), "the waiter never blocked again"
         time.sleep(0.3)
+        blpops = proxy.request_count(b"BLPOP")
         proxy.drop_next_reply(request_marker=b"BLPOP")
         released = time.monotonic()
         assert holder.release()
         thread.join(30)
         assert proxy.drops == 1, "the reply to the wait step was not dropped"
+        # The lost BLPOP was not sent again (it would block on the list its wake-up left).
+        assert proxy.request_count(b"BLPOP") == blpops, "the blocking command was retried"
         assert "error" not in got, repr(got.get("error"))
         assert got["token"] > holder.token
         # Handed over with (about) its whole ttl: at most the time since the release is gone.

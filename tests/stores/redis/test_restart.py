@@ -193,3 +193,54 @@ def test_server_stays_down_then_errors_are_translated(tmp_path: Path) -> None:
     finally:
         client.close()
         srv.kill()
+
+
+def _waiter_resumes(srv: RedisProcess, name: str, down: float) -> float:
+    """One holder, one waiter blocked in ``acquire(timeout=10)`` (each a client of its own),
+    the server killed (-9) for ``down`` seconds and started again on its append-only file;
+    the holder releases as soon as it can. Returns how long after ``max(server answering,
+    release done)`` the waiter got its lease (a token above the holder's)."""
+    holder_client = turnstile.connect(srv.url + PREFIX)
+    waiter_client = turnstile.connect(srv.url + PREFIX)
+    got: dict[str, object] = {}
+    try:
+        lease = holder_client.lock(name, ttl=30).acquire(timeout=5)
+
+        def blocked() -> None:
+            try:
+                second = waiter_client.lock(name, ttl=30).acquire(timeout=10)
+                got["at"] = time.monotonic()
+                got["token"] = second.token
+                second.release()
+            except BaseException as exc:
+                got["error"] = exc
+
+        thread = threading.Thread(target=blocked)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not holder_client.lock(name).status().waiters:
+            assert time.monotonic() < deadline, "the blocked acquire never joined the line"
+            time.sleep(0.01)
+        time.sleep(0.1)  # the waiter is in BLPOP now
+        srv.kill()
+        time.sleep(down)
+        srv.start()  # returns once the server answers PING (looked for every 20 ms)
+        up = time.monotonic()
+        assert lease.release()
+        released = time.monotonic()
+        thread.join(30)
+        assert "error" not in got, repr(got.get("error"))
+        assert int(got["token"]) > lease.token  # type: ignore[call-overload]
+        return float(got["at"]) - max(up, released)  # type: ignore[arg-type]
+    finally:
+        holder_client.close()
+        waiter_client.close()
+
+
+@pytest.mark.slow
+def test_blocked_waiter_resumes_right_after_a_restart(tmp_path: Path) -> None:
+    """Issue 17.10: a waiter blocked in BLPOP while the server is killed and restarted keeps
+    its place and gets the grant within 1 s of the server being back (or of the release)."""
+    with redis_process(tmp_path / "aof", "--appendonly", "yes", "--appendfsync", "always") as srv:
+        late = _waiter_resumes(srv, "blocked", 0.8)
+        assert late < 1.0, f"the waiter got its grant {late:.2f} s after the server was back"

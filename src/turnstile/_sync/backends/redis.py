@@ -95,10 +95,25 @@ class RedisWaiter:
             except DRIVER_ERRORS as exc:
                 _compat.raise_if_cancelled_since(cancels)
                 # The caller re-checks with an acquire step, which reports a store that is
-                # really gone; here only avoid spinning.
+                # really gone. A restarting server is given the rest of this wait to answer
+                # again, so that a short restart costs the waiter nothing.
                 log.debug("BLPOP on %s failed: %s", self._backend.config.shown, exc)
-                _compat.sleep(min(max(left, 0.0), 0.05))
+                self._until_answering(deadline)
                 return True
+
+    def _until_answering(self, deadline: float) -> None:
+        """PING the server (on the blocking connection, never retried) until it answers or
+        ``deadline`` passes: a few times a second, so it is seen back within 0.1 s."""
+        pause = 0.01
+        while True:
+            _compat.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                return
+            try:
+                self._backend.connection.blocking_client(self._key).ping()
+                return
+            except DRIVER_ERRORS:
+                pause = min(pause * 2, 0.1)
 
     def _pop_and_step(self, client: Any, block: float) -> Any:
         assert self._step is not None
