@@ -34,6 +34,7 @@ HOST = "127.0.0.1"
 class _Fault:
     request_marker: bytes | None
     reply_marker: bytes | None
+    delay: float | None = None  # None: drop the reply; else: forward it this much later
 
 
 class _Link:
@@ -57,7 +58,7 @@ class FaultProxy:
         self._faults: list[_Fault] = []
         self._links: list[_Link] = []
         self._requests: list[bytes] = []  # every request chunk seen (for request_seen)
-        self.drops = 0  # faults fired so far
+        self.drops = 0  # faults fired so far (dropped or delayed replies)
         self.dropped = threading.Event()  # set each time a fault fires
         self._closed = False
         self._thread = threading.Thread(target=self._accept, daemon=True, name="fault-proxy")
@@ -70,6 +71,13 @@ class FaultProxy:
         """Arm one fault (see the module docstring)."""
         with self._lock:
             self._faults.append(_Fault(request_marker, reply_marker))
+        self.dropped.clear()
+
+    def delay_next_reply(self, seconds: float, request_marker: bytes | None = None) -> None:
+        """Arm one slow reply: the next matching reply is forwarded ``seconds`` late (the
+        store ran the request on time; its answer is slow to arrive)."""
+        with self._lock:
+            self._faults.append(_Fault(request_marker, None, seconds))
         self.dropped.clear()
 
     def armed(self) -> int:
@@ -128,7 +136,7 @@ class FaultProxy:
                 self._links.append(link)
             threading.Thread(target=self._pump, args=(link,), daemon=True).start()
 
-    def _take_fault(self, link: _Link, reply: bytes) -> bool:
+    def _take_fault(self, link: _Link, reply: bytes) -> _Fault | None:
         with self._lock:
             for fault in self._faults:
                 if fault.request_marker is not None and fault.request_marker not in link.pending:
@@ -137,8 +145,8 @@ class FaultProxy:
                     continue
                 self._faults.remove(fault)
                 self.drops += 1
-                return True
-        return False
+                return fault
+        return None
 
     def _pump(self, link: _Link) -> None:
         client, server = link.client, link.server
@@ -154,11 +162,15 @@ class FaultProxy:
                             link.pending += data
                             self._requests.append(data)
                         server.sendall(data)
-                    elif self._take_fault(link, data):
-                        # The store ran the request; its answer dies with the connection.
-                        self.dropped.set()
-                        return
                     else:
+                        fault = self._take_fault(link, data)
+                        if fault is not None and fault.delay is None:
+                            # The store ran the request; its answer dies with the connection.
+                            self.dropped.set()
+                            return
+                        if fault is not None and fault.delay is not None:
+                            time.sleep(fault.delay)
+                            self.dropped.set()
                         link.pending = b""
                         client.sendall(data)
         except (OSError, ValueError):  # ValueError: select() on a socket closed meanwhile

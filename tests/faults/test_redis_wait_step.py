@@ -74,3 +74,47 @@ def test_dropped_reply_to_the_pipelined_wait_step_keeps_the_grant(
     finally:
         through.close()
         direct.close()
+
+
+def test_a_wait_step_answer_that_arrives_late_is_asked_again(redis_store: ProxiedStore) -> None:
+    """The answer of the step pipelined behind a BLPOP carries no send time of its own: the
+    waiter can only count from when it sent the BLPOP, which may have blocked for a while
+    before the wake-up. When that answer also arrives late, the lease would look nearly
+    over; the waiter asks again (one more step, per holder the same grant) and starts with
+    the real remaining time, as the store's clock tells it."""
+    ttl = 6.0  # each BLPOP blocks wait_ttl/3 = 5/3 s
+    proxy = redis_store.proxy
+    direct = turnstile.connect(redis_store.direct)
+    through = turnstile.connect(redis_store.url)
+    got: dict[str, Any] = {}
+    try:
+        holder = direct.lock("job", ttl=60).acquire(holder="holder")
+
+        def waiter() -> None:
+            try:
+                lease = through.lock("job", ttl=ttl).acquire(timeout=30, holder="waiter")
+                got["at"] = time.monotonic()
+                got["remaining"] = lease.remaining
+                got["token"] = lease.token
+                lease.release()
+            except BaseException as exc:
+                got["error"] = exc
+
+        seen = proxy.request_count(b"BLPOP")
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        assert proxy.wait_request(b"BLPOP", seen, 20), "the waiter never blocked"
+        seen = proxy.request_count(b"BLPOP")
+        assert proxy.wait_request(b"BLPOP", seen, 5), "the waiter never blocked again"
+        time.sleep(1.0)  # a second into its BLPOP, then an answer 2.5 s slow:
+        proxy.delay_next_reply(2.5, request_marker=b"BLPOP")  # it would look 2.5 s from over
+        released = time.monotonic()
+        assert holder.release()
+        thread.join(30)
+        assert proxy.drops == 1, "the reply to the wait step was not delayed"
+        assert "error" not in got, repr(got.get("error"))
+        assert got["token"] > holder.token
+        assert got["remaining"] >= ttl - (got["at"] - released) - 0.4, got
+    finally:
+        through.close()
+        direct.close()
