@@ -1,7 +1,14 @@
 """A PostgreSQL restart (clean, and a crash with recovery) while leases are held and waiters
 wait: nothing is lost. Holders keep their tokens and expiry, waiters their order, a lease
 renewed in a ``with`` block rides through, a blocked ``acquire`` gets its turn, and tokens
-issued afterwards are larger than every earlier one."""
+issued afterwards are larger than every earlier one.
+
+A waiter blocked in ``acquire`` while the server crashes and starts again gets its grant
+within a second of the server accepting connections (issue 17.1), sync and async, and twenty
+times in a row. The other stores: Redis's restarts are in ``tests/stores/redis/test_restart.py``;
+SQLite has no server to restart (a killed holder process is its fault,
+``tests/contract/test_crash.py``); the HTTP service's restart is tested with the service
+(``tests/server/``). Dropped replies (a proxy) are in ``tests/faults/``."""
 
 from __future__ import annotations
 
