@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -128,11 +129,23 @@ def _crash_and_start(cluster: Cluster, down: float) -> float:
     return time.monotonic()
 
 
+# Crash recovery of the throwaway server can take seconds on a busy machine (seen: 5 s at a
+# load average of 25). What is measured is how late the waiter is once the server accepts
+# connections, so neither the waiter's timeout nor the client's retry_timeout may run out
+# during the outage itself; before the fix the waiter was seconds late either way (its
+# queued request for a connection was served by nobody until its 5 s connect_timeout).
+OUTAGE_BUDGET = 60
+
+
+def _url(cluster: Cluster) -> str:
+    return schema_url(cluster.url, unique(), retry_timeout=str(OUTAGE_BUDGET))
+
+
 def _waiter_resumes(cluster: Cluster, url: str, name: str, down: float) -> float:
-    """One holder, one waiter blocked in ``acquire(timeout=10)`` (each a client of its own),
-    the server crashed for ``down`` seconds and started; the holder releases as soon as it
-    can. Returns how long after ``max(server accepting, release done)`` the waiter got its
-    lease (its token above the holder's)."""
+    """One holder, one waiter blocked in ``acquire`` (each a client of its own), the server
+    crashed for ``down`` seconds and started; the holder releases as soon as it can. Returns
+    how long after ``max(server accepting, release done)`` the waiter got its lease (its
+    token above the holder's)."""
     holder_client = turnstile.connect(url)
     waiter_client = turnstile.connect(url)
     got: dict[str, Any] = {}
@@ -141,7 +154,7 @@ def _waiter_resumes(cluster: Cluster, url: str, name: str, down: float) -> float
 
         def blocked() -> None:
             try:
-                second = waiter_client.lock(name, ttl=30).acquire(timeout=10)
+                second = waiter_client.lock(name, ttl=30).acquire(timeout=OUTAGE_BUDGET)
                 got["at"] = time.monotonic()
                 got["token"] = second.token
                 second.release()
@@ -157,7 +170,7 @@ def _waiter_resumes(cluster: Cluster, url: str, name: str, down: float) -> float
         up = _crash_and_start(cluster, down)
         assert lease.release()
         released = time.monotonic()
-        thread.join(30)
+        thread.join(OUTAGE_BUDGET)
         assert "error" not in got, repr(got.get("error"))
         assert got["token"] > lease.token
         return float(got["at"] - max(up, released))
@@ -171,18 +184,32 @@ def test_waiter_resumes_right_after_a_crash(pg_cluster: Cluster) -> None:
     once, and a request for a connection queued then was served by nobody until its own
     timeout (5 s): the waiter failed with "couldn't get a connection after 5.00 sec", seconds
     after the server was back. It must get its grant within 1 s."""
-    late = _waiter_resumes(pg_cluster, schema_url(pg_cluster.url, unique()), "crash", 0.8)
+    late = _waiter_resumes(pg_cluster, _url(pg_cluster), "crash", 0.8)
     assert late < 1.0, f"the waiter got its grant {late:.2f} s after the server was back"
 
 
-def test_waiter_resumes_after_each_of_20_crashes(pg_cluster: Cluster) -> None:
-    """The same, twenty times in a row on the same clients' server (a shorter outage, so
-    the loop stays within a few tens of seconds): never one stuck waiter."""
-    url = schema_url(pg_cluster.url, unique())
+@pytest.fixture(scope="module")
+def crash_loop_cluster() -> Iterator[Cluster]:
+    """A server of its own for the crash loop, with ``fsync=off``: crash recovery then skips
+    its first step, an fsync of the whole data directory, which takes seconds on a busy
+    disk. A crash of the server process (``-m immediate``) loses nothing either way (the OS
+    keeps what was written); recovery still replays the WAL."""
+    pytest.importorskip("psycopg")
+    cluster = Cluster({"fsync": "off"})
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_waiter_resumes_after_each_of_20_crashes(crash_loop_cluster: Cluster) -> None:
+    """The same, twenty times in a row (a shorter outage, so that the loop stays within
+    tens of seconds): never one stuck waiter."""
+    url = _url(crash_loop_cluster)
     started = time.monotonic()
-    lates = [_waiter_resumes(pg_cluster, url, f"crash{i}", 0.3) for i in range(20)]
+    lates = [_waiter_resumes(crash_loop_cluster, url, f"crash{i}", 0.3) for i in range(20)]
     assert max(lates) < 1.0, [round(x, 2) for x in lates]
-    assert time.monotonic() - started < 120
+    assert time.monotonic() - started < 300
 
 
 async def test_async_waiter_resumes_right_after_a_crash(pg_cluster: Cluster) -> None:
@@ -191,12 +218,14 @@ async def test_async_waiter_resumes_right_after_a_crash(pg_cluster: Cluster) -> 
 
     import turnstile.aio
 
-    url = schema_url(pg_cluster.url, unique())
+    url = _url(pg_cluster)
     holder_client = await turnstile.aio.connect(url)
     waiter_client = await turnstile.aio.connect(url)
     try:
         lease = await holder_client.lock("acrash", ttl=30).acquire()
-        waiting = asyncio.ensure_future(waiter_client.lock("acrash", ttl=30).acquire(timeout=10))
+        waiting = asyncio.ensure_future(
+            waiter_client.lock("acrash", ttl=30).acquire(timeout=OUTAGE_BUDGET)
+        )
         for _ in range(2000):
             if (await holder_client.lock("acrash").status()).waiters:
                 break
@@ -204,7 +233,7 @@ async def test_async_waiter_resumes_right_after_a_crash(pg_cluster: Cluster) -> 
         up = await asyncio.to_thread(_crash_and_start, pg_cluster, 0.8)
         assert await lease.release()
         released = time.monotonic()
-        second = await asyncio.wait_for(waiting, 30)
+        second = await asyncio.wait_for(waiting, OUTAGE_BUDGET)
         late = time.monotonic() - max(up, released)
         assert second.token > lease.token
         await second.release()
