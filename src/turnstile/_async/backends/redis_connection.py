@@ -19,7 +19,9 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import AuthenticationError, NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import BackendUnavailable
 from ...stores.redis import driver, scripts
@@ -31,6 +33,20 @@ from .redis_queue import AsyncRedisQueueBackend
 # Every script is idempotent (acquire per holder, release/renew per token, queue operations
 # per id and receipt), so a command whose connection dropped is simply sent again, briefly.
 RETRIES = 3
+
+
+# How long an operation keeps being sent while the server refuses connections or drops
+# them (a restart, a failover), like PostgreSQL's default retry_timeout; a blocked waiter
+# waits as long for the server to answer again. Timeouts are not retried here (redis-py's
+# own retries cover them): a black-holed server must not hold a caller for minutes.
+RIDE_OUT = 5.0
+
+
+def _server_away(exc: BaseException) -> bool:
+    """A refused, reset or still-loading connection (not bad credentials, not a timeout)."""
+    return isinstance(exc, (RedisConnectionError, OSError)) and not isinstance(
+        exc, (AuthenticationError, RedisTimeoutError, TimeoutError)
+    )
 
 
 def _retry() -> Retry:
@@ -72,6 +88,8 @@ class AsyncRedisConnection:
         self._blocking: Any = None
         self._blocking_nodes: dict[tuple[str, int], Any] = {}
         self._queues: AsyncRedisQueueBackend | None = None
+        # Until when operations keep retrying a server that refuses connections (see run).
+        self._away_until: float | None = None
 
     def queues(self) -> AsyncRedisQueueBackend:
         """The queue operations on this server, sharing this connection."""
@@ -125,16 +143,32 @@ class AsyncRedisConnection:
         arrives after the caller was cancelled counts as interrupted (the lock steps, whose
         callers clean up after a cancelled step)."""
         cancels = _compat.cancel_count()
-        try:
+        pause = 0.02
+        while True:
             try:
-                reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                await self.client.script_load(script.text)
-                reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except DRIVER_ERRORS as exc:
-            if cancellable:
-                _compat.raise_if_cancelled_since(cancels)
-            raise self.unavailable(what, exc) from exc
+                try:
+                    reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    await self.client.script_load(script.text)
+                    reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                self._away_until = None
+                break
+            except DRIVER_ERRORS as exc:
+                if cancellable:
+                    _compat.raise_if_cancelled_since(cancels)
+                if not _server_away(exc):
+                    raise self.unavailable(what, exc) from exc
+                # Refused or reset (a restart, a failover): every script is idempotent, so
+                # keep sending it, a few times a second, until RIDE_OUT after the first
+                # failure of this outage (one window for every operation of this client:
+                # once it has passed, operations fail at once until the server answers).
+                now = time.monotonic()
+                if self._away_until is None or now > self._away_until + RIDE_OUT:
+                    self._away_until = now + RIDE_OUT
+                if now + pause >= self._away_until:
+                    raise self.unavailable(what, exc) from exc
+                await _compat.sleep(pause)
+                pause = min(pause * 2, 0.1)
         if cancellable:
             # redis-py may finish a command although its task was cancelled meanwhile.
             _compat.raise_if_cancelled_since(cancels)

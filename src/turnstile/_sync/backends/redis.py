@@ -27,13 +27,14 @@ from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS, connect_error
 from .. import _compat
-from .redis_connection import RedisConnection
+from .redis_connection import RIDE_OUT, RedisConnection
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
     from .redis_queue import RedisQueueBackend
 
 log = logging.getLogger("turnstile.redis")
+
 
 
 # One declaration for redis:// and redis+cluster://: they differ only in facts a backend
@@ -95,10 +96,10 @@ class RedisWaiter:
             except DRIVER_ERRORS as exc:
                 _compat.raise_if_cancelled_since(cancels)
                 # The caller re-checks with an acquire step, which reports a store that is
-                # really gone. A restarting server is given the rest of this wait to answer
-                # again, so that a short restart costs the waiter nothing.
+                # really gone. A restarting server is given RIDE_OUT (or the rest of this
+                # wait, if longer) to answer again, so a short restart costs nothing.
                 log.debug("BLPOP on %s failed: %s", self._backend.config.shown, exc)
-                self._until_answering(deadline)
+                self._until_answering(max(deadline, time.monotonic() + RIDE_OUT))
                 return True
 
     def _until_answering(self, deadline: float) -> None:
