@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import turnstile
 import turnstile.aio
+
+pytestmark = pytest.mark.slow
 
 LEFT = 1.5  # the lease reaches its holder with this much of its 30 s left
 
