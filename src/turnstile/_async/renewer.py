@@ -18,6 +18,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from .._core import timing
 from . import _compat
 
 if TYPE_CHECKING:
@@ -53,13 +54,14 @@ class AsyncRenewer:
         # unasync: end
 
     def add(self, lease: AsyncLease, delay: float) -> None:
-        """Renew ``lease`` in ``delay`` seconds, then every ``ttl * RENEW_FRACTION``."""
+        """Renew ``lease`` in ``delay`` seconds (sooner if its real remaining time asks for
+        it, see :func:`_due_in`), then every ``ttl * RENEW_FRACTION``."""
         if self._pid != os.getpid():
             self._reset()
         with self._lock:
             if self._closed:
                 return
-            due = time.monotonic() + delay
+            due = time.monotonic() + _due_in(lease, delay)
             self._push(lease, due)
             if self._handle is None or not _compat.alive(self._handle):
                 self._sleep_until = None
@@ -117,7 +119,7 @@ class AsyncRenewer:
             with self._lock:
                 self._inflight -= 1
                 if delay is not None and not self._closed and lease._wants_renewal():
-                    self._push(lease, time.monotonic() + delay)
+                    self._push(lease, time.monotonic() + _due_in(lease, delay))
                 self._wake.set()
 
     async def _run(self) -> None:
@@ -172,6 +174,14 @@ class AsyncRenewer:
         # unasync: end
         if handle is not None:
             await _compat.stop(handle)
+
+
+def _due_in(lease: AsyncLease, delay: float) -> float:
+    """When to renew ``lease``: after ``delay`` (a third of its ttl), but never later than
+    a third of the time it really has left (its local deadline). A lease that started with
+    less than its ttl ahead (a hand-over answered late, a slow reply) is renewed in time,
+    not declared lost before its first renewal."""
+    return max(0.0, min(delay, lease.remaining * timing.RENEW_FRACTION))
 
 
 # backend -> context (sync: the process; async: the running event loop) -> renewer

@@ -44,9 +44,9 @@ class Cluster(servers.PostgresServer):
     """A started PostgreSQL server of our own; ``close()`` removes it. Without the server
     binaries the test is skipped (failed under CI); outside pytest ``Unavailable`` is raised."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str | int] | None = None) -> None:
         try:
-            super().__init__(SETTINGS)
+            super().__init__(SETTINGS if settings is None else {**SETTINGS, **settings})
         except Unavailable as exc:
             _unavailable(f"{exc} (install the PostgreSQL server package)")
         try:

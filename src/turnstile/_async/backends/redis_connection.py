@@ -18,8 +18,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import NoScriptError
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import AuthenticationError, NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import BackendUnavailable
 from ...stores.redis import driver, scripts
@@ -33,11 +35,37 @@ from .redis_queue import AsyncRedisQueueBackend
 RETRIES = 3
 
 
+# How long an operation keeps being sent while the server refuses connections or drops
+# them (a restart, a failover), like PostgreSQL's default retry_timeout; a blocked waiter
+# waits as long for the server to answer again. Timeouts are not retried here (redis-py's
+# own retries cover them): a black-holed server must not hold a caller for minutes.
+RIDE_OUT = 5.0
+
+
+def _server_away(exc: BaseException) -> bool:
+    """A refused, reset or still-loading connection (not bad credentials, not a timeout)."""
+    return isinstance(exc, (RedisConnectionError, OSError)) and not isinstance(
+        exc, (AuthenticationError, RedisTimeoutError, TimeoutError)
+    )
+
+
 def _retry() -> Retry:
     return Retry(ExponentialBackoff(cap=0.25, base=0.01), RETRIES)
 
 
-def make_client(config: RedisConfig, options: dict[str, Any]) -> Any:
+def _no_retry() -> Retry:
+    """For the clients that block in BLPOP: a blocking command is never sent again blindly.
+    Its wake-up may have been consumed, and the acquire step pipelined behind it may have
+    claimed a grant, before the reply was lost: sent again, the BLPOP would block until its
+    timeout on an empty list and the step behind it would answer a lease that much older.
+    A failed wait returns instead, and the caller looks with an acquire step at once (per
+    holder, it answers the grant already claimed, with its real expiry)."""
+    return Retry(NoBackoff(), 0)
+
+
+def make_client(
+    config: RedisConfig, options: dict[str, Any], retry: Retry | None = None
+) -> Any:
     if config.cluster:
         return RedisCluster(
             startup_nodes=[
@@ -47,10 +75,10 @@ def make_client(config: RedisConfig, options: dict[str, Any]) -> Any:
             username=config.username,
             password=config.password,
             ssl=config.ssl,
-            retry=_retry(),
+            retry=retry if retry is not None else _retry(),
             **options,
         )
-    return Redis.from_url(config.url, retry=_retry(), **options)
+    return Redis.from_url(config.url, retry=retry if retry is not None else _retry(), **options)
 
 
 class AsyncRedisConnection:
@@ -60,6 +88,8 @@ class AsyncRedisConnection:
         self._blocking: Any = None
         self._blocking_nodes: dict[tuple[str, int], Any] = {}
         self._queues: AsyncRedisQueueBackend | None = None
+        # Until when operations keep retrying a server that refuses connections (see run).
+        self._away_until: float | None = None
 
     def queues(self) -> AsyncRedisQueueBackend:
         """The queue operations on this server, sharing this connection."""
@@ -78,7 +108,9 @@ class AsyncRedisConnection:
         the Cluster client, which learns the new owner)."""
         if not self.config.cluster:
             if self._blocking is None:
-                self._blocking = make_client(self.config, self.config.blocking_options())
+                self._blocking = make_client(
+                    self.config, self.config.blocking_options(), _no_retry()
+                )
             return self._blocking
         node = self.client.get_node_from_key(key)
         address = (str(node.host), int(node.port))
@@ -90,7 +122,7 @@ class AsyncRedisConnection:
                 username=self.config.username,
                 password=self.config.password,
                 ssl=self.config.ssl,
-                retry=_retry(),
+                retry=_no_retry(),
                 **self.config.blocking_options(),
             )
             self._blocking_nodes[address] = client
@@ -111,16 +143,32 @@ class AsyncRedisConnection:
         arrives after the caller was cancelled counts as interrupted (the lock steps, whose
         callers clean up after a cancelled step)."""
         cancels = _compat.cancel_count()
-        try:
+        pause = 0.02
+        while True:
             try:
-                reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                await self.client.script_load(script.text)
-                reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except DRIVER_ERRORS as exc:
-            if cancellable:
-                _compat.raise_if_cancelled_since(cancels)
-            raise self.unavailable(what, exc) from exc
+                try:
+                    reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    await self.client.script_load(script.text)
+                    reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                self._away_until = None
+                break
+            except DRIVER_ERRORS as exc:
+                if cancellable:
+                    _compat.raise_if_cancelled_since(cancels)
+                if not _server_away(exc):
+                    raise self.unavailable(what, exc) from exc
+                # Refused or reset (a restart, a failover): every script is idempotent, so
+                # keep sending it, a few times a second, until RIDE_OUT after the first
+                # failure of this outage (one window for every operation of this client:
+                # once it has passed, operations fail at once until the server answers).
+                now = time.monotonic()
+                if self._away_until is None or now > self._away_until + RIDE_OUT:
+                    self._away_until = now + RIDE_OUT
+                if now + pause >= self._away_until:
+                    raise self.unavailable(what, exc) from exc
+                await _compat.sleep(pause)
+                pause = min(pause * 2, 0.1)
         if cancellable:
             # redis-py may finish a command although its task was cancelled meanwhile.
             _compat.raise_if_cancelled_since(cancels)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._core import forks
 from ...errors import BackendUnavailable
@@ -27,6 +27,11 @@ from .postgres_listen import LISTEN_START_WAIT, Listener
 from .postgres_queue import PostgresQueueBackend
 
 log = logging.getLogger("turnstile.postgres")
+
+# A request for a connection waits this long at most before asking the pool to open one
+# again: a connection attempt made while the server was down is given up at once (see
+# new_pool), so a request queued then must not wait for it (see _getconn).
+GETCONN_SLICE = 0.1
 
 
 def _utc(epoch: float | None) -> datetime.datetime | None:
@@ -88,12 +93,15 @@ class PostgresConnection:
                 )
             try:
                 wait = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
-                with self._pool.connection(timeout=wait) as conn:
+                conn = self._getconn(wait)
+                try:
                     self.statements += 1
                     cursor = conn.execute(query, params)
                     if many:
                         return cursor.fetchall()
                     return cursor.fetchone()
+                finally:
+                    self._pool.putconn(conn)
             except psycopg.Error as exc:
                 if self._closed or not pg.is_retryable(exc) or time.monotonic() + pause >= deadline:
                     raise pg.translate(exc, action, self.config) from exc
@@ -106,6 +114,27 @@ class PostgresConnection:
                         self._pool.check()
                 _compat.sleep(pause)
                 pause = min(max(pause * 2, 0.02), 0.5)
+
+    def _getconn(self, timeout: float) -> Any:
+        """A connection from the pool within ``timeout`` seconds.
+
+        The pool opens connections in its background workers, and gives a failed attempt up
+        at once (``reconnect_timeout=0``, see :func:`new_pool`). A request queued while the
+        server is down would then wait for its whole timeout, served by nobody, although the
+        server came back long before. So wait in short slices, and after each one ask the
+        pool to grow again (``check()``: with no idle connection, it only starts one
+        connection attempt; it is a no-op while one is under way or the pool is full)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._pool.getconn(timeout=max(min(left, GETCONN_SLICE), 0.001))
+            except PoolTimeout:
+                if time.monotonic() >= deadline:
+                    raise PoolTimeout(
+                        f"couldn't get a connection after {timeout:.2f} sec"
+                    ) from None
+            self._pool.check()
 
     def wake_channel(self) -> str:
         """The channel a hand-over to a waiter of this client is announced on ('': none)."""
@@ -146,8 +175,9 @@ def new_pool(config: pg.PostgresConfig) -> ConnectionPool[Any]:
         open=False,
         name="turnstile",
         timeout=config.connect_timeout,
-        # No background reconnection with the pool's own backoff (1 s, doubling): a failed
-        # attempt gives up at once and the next operation that needs a connection opens one,
-        # so a client is back within milliseconds of the server (see _run's retries).
+        # No background reconnection with the pool's own backoff (1 s, doubling, so up to
+        # seconds late after a restart): a failed attempt gives up at once, and whoever
+        # waits for a connection asks for a new attempt every GETCONN_SLICE (_getconn), so
+        # a client is back within a tenth of a second of the server.
         reconnect_timeout=0.0,
     )

@@ -27,13 +27,14 @@ from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS, connect_error
 from .. import _compat
-from .redis_connection import RedisConnection
+from .redis_connection import RIDE_OUT, RedisConnection
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
     from .redis_queue import RedisQueueBackend
 
 log = logging.getLogger("turnstile.redis")
+
 
 
 # One declaration for redis:// and redis+cluster://: they differ only in facts a backend
@@ -95,10 +96,25 @@ class RedisWaiter:
             except DRIVER_ERRORS as exc:
                 _compat.raise_if_cancelled_since(cancels)
                 # The caller re-checks with an acquire step, which reports a store that is
-                # really gone; here only avoid spinning.
+                # really gone. A restarting server is given RIDE_OUT (or the rest of this
+                # wait, if longer) to answer again, so a short restart costs nothing.
                 log.debug("BLPOP on %s failed: %s", self._backend.config.shown, exc)
-                _compat.sleep(min(max(left, 0.0), 0.05))
+                self._until_answering(max(deadline, time.monotonic() + RIDE_OUT))
                 return True
+
+    def _until_answering(self, deadline: float) -> None:
+        """PING the server (on the blocking connection, never retried) until it answers or
+        ``deadline`` passes: a few times a second, so it is seen back within 0.1 s."""
+        pause = 0.01
+        while True:
+            _compat.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                return
+            try:
+                self._backend.connection.blocking_client(self._key).ping()
+                return
+            except DRIVER_ERRORS:
+                pause = min(pause * 2, 0.1)
 
     def _pop_and_step(self, client: Any, block: float) -> Any:
         assert self._step is not None
@@ -174,7 +190,15 @@ class RedisBackend:
                 # deadline the caller derives (its send time + expires - now) counts from
                 # `sent`: conservative, never late.
                 result = replies.acquire_result(name, holder, found[1])
-                return dataclasses.replace(result, now=result.now + (time.monotonic() - found[2]))
+                result = dataclasses.replace(
+                    result, now=result.now + (time.monotonic() - found[2])
+                )
+                grant = result.grant
+                if grant is None or grant.expires_at - result.now >= ttl / 2:
+                    return result
+                # Sent long before it ran (its BLPOP blocked for most of the lease): rather
+                # than start on a lease that looks nearly over, ask again. Per holder the step
+                # answers the same grant, with the store's clock read now.
         reply = self._run("acquire", name, [name, holder, *step])
         result = replies.acquire_result(name, holder, reply)
         if result.grant is None and result.position is not None:
