@@ -123,6 +123,13 @@ async def release(ctx: Ctx, kind: str) -> Any:
     return {"released": released}
 
 
+async def set_limit(ctx: Ctx) -> Any:
+    """Change the limit of a name for its next grants (``AsyncSemaphore.set_limit``)."""
+    sem = _primitive(ctx, "semaphores")
+    previous = await sem.set_limit(ctx.args["limit"])
+    return {"name": sem.name, "limit": sem.limit, "previous": previous}
+
+
 async def status(ctx: Ctx, kind: str) -> Any:
     name = ctx.args["name"]
     ctx.may_read(name)
@@ -276,6 +283,22 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
                       required=True),
             ),
             response=obj(["woken"], {"woken": {"type": "boolean"}}),
+        ),
+        Endpoint(
+            "/v1/semaphores/limit", set_limit, "semaphores_set_limit", "semaphores",
+            "Change the limit of a name (for its next grants)",
+            "A name has one limit while it has holders or waiters: an acquire or try-acquire "
+            "naming another one is refused (`invalid_argument`, 422). This changes it, "
+            "atomically: a raised limit grants waiters at once, in line order; a lowered one "
+            "never revokes a held lease (nobody more is granted until fewer than `limit` "
+            "hold). `previous` is the limit replaced, or null when the name is idle: nothing "
+            "is stored for an idle name, and its next acquire sets its limit.",
+            fields=(Field("name", NAME, required=True), Field("limit", LIMIT, required=True)),
+            response=obj(["name", "limit", "previous"], {
+                "name": {"type": "string"},
+                "limit": {"type": "integer", "minimum": 1},
+                "previous": {"type": ["integer", "null"], "minimum": 1},
+            }),
         ),
         Endpoint(
             "/v1/names", names, "names", ("locks", "semaphores"),

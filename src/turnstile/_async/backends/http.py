@@ -472,6 +472,11 @@ class AsyncHTTPBackend:
             return None
         return _grant(data["lease"])
 
+    async def set_limit(self, name: str, limit: int) -> int | None:
+        data = await self.call("POST", "/v1/semaphores/limit", {"name": name, "limit": limit})
+        previous = data["previous"]
+        return None if previous is None else int(previous)
+
     async def status(self, name: str) -> Status:
         data = await self.call("POST", "/v1/semaphores/status", {"name": name})
         return Status(

@@ -473,6 +473,11 @@ class HTTPBackend:
             return None
         return _grant(data["lease"])
 
+    def set_limit(self, name: str, limit: int) -> int | None:
+        data = self.call("POST", "/v1/semaphores/limit", {"name": name, "limit": limit})
+        previous = data["previous"]
+        return None if previous is None else int(previous)
+
     def status(self, name: str) -> Status:
         data = self.call("POST", "/v1/semaphores/status", {"name": name})
         return Status(
