@@ -45,7 +45,7 @@ from ._support import (
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Modules under turnstile.cli, in the order `turnstile --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue", "serve")
+COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue", "serve", "limit")
 
 DESCRIPTION = """\
 Fair leased locks and semaphores shared by every process that uses the same store URL.
@@ -56,6 +56,7 @@ Fair leased locks and semaphores shared by every process that uses the same stor
   turnstile demo                               the per-order webhook problem, live
   turnstile queue put|get|stats|dead|requeue … keyed FIFO queues (turnstile queue --help)
   turnstile serve [--host H] [--port P]        HTTP API, dashboard, metrics (docs/http.md)
+  turnstile limit NAME N                       change the limit of a name (its next grants)
 """
 
 EPILOG = """\
