@@ -34,6 +34,7 @@ def _waiters(sem: turnstile.Semaphore) -> list[str]:
 
 
 def _assert_refusal(exc: pytest.ExceptionInfo[InvalidArgument], name: str, current: int) -> None:
+    assert isinstance(exc.value, turnstile.LimitConflict)  # an InvalidArgument, by state
     message = str(exc.value)
     assert repr(name) in message
     assert f"has limit {current}" in message

@@ -29,14 +29,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import InvalidArgument
+from ..errors import LimitConflict
 from .records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
 
 
-def limit_conflict(name: str, current: int, asked: int) -> InvalidArgument:
+def limit_conflict(name: str, current: int, asked: int) -> LimitConflict:
     """The refusal of an acquire that names ``asked`` on a busy name whose limit is
     ``current`` (every store raises this very message)."""
-    return InvalidArgument(
+    return LimitConflict(
         f"{name!r} has limit {current} while it has holders or waiters; this call asked for "
         f"limit {asked}. A name has one limit: ask with limit {current}, or change it with "
         f"Semaphore.set_limit({asked}) (HTTP: POST /v1/semaphores/limit; CLI: turnstile "

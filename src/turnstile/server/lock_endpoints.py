@@ -206,7 +206,8 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
             "Joins the line and waits (long poll) until granted, in arrival order. On "
             "`acquire_timeout` the caller has left the line. The lease is not renewed by "
             "the service: renew it before `expires_in` passes, or release it when done. "
-            "If the client disconnects while waiting, it leaves the line.",
+            "If the client disconnects while waiting, it leaves the line. "
+            "`limit_conflict` (409) if the name is in use under another limit.",
             fields=(
                 name, *limit, Field("ttl", {**TTL, "default": 30}),
                 Field("holder", {
@@ -224,7 +225,8 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
             "Holds, or joins the line (first call) and answers the position (0 = next). "
             "Idempotent per `holder`: asking again keeps the place and, once granted, "
             "returns the same lease. A place not asked about within `wait_ttl` lapses. "
-            "`enqueue: false` takes a free slot only if nobody waits, without joining.",
+            "`enqueue: false` takes a free slot only if nobody waits, without joining. "
+            "`limit_conflict` (409) if the name is in use under another limit.",
             fields=(
                 name, *limit, Field("ttl", {**TTL, "default": 30}), holder,
                 Field("wait_ttl", {
@@ -234,6 +236,7 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                 Field("enqueue", {"type": "boolean", "default": True}),
             ),
             response=ref("Ticket"),
+            errors=(409,),
         ),
         Endpoint(
             f"/v1/{kind}/renew", _bound(renew, kind), f"{kind}_renew", kind,
@@ -288,7 +291,7 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
             "/v1/semaphores/limit", set_limit, "semaphores_set_limit", "semaphores",
             "Change the limit of a name (for its next grants)",
             "A name has one limit while it has holders or waiters: an acquire or try-acquire "
-            "naming another one is refused (`invalid_argument`, 422). This changes it, "
+            "naming another one is refused (`limit_conflict`, 409). This changes it, "
             "atomically: a raised limit grants waiters at once, in line order; a lowered one "
             "never revokes a held lease (nobody more is granted until fewer than `limit` "
             "hold). `previous` is the limit replaced, or null when the name is idle: nothing "

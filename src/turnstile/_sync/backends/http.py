@@ -52,6 +52,7 @@ from ...errors import (
     ConfigurationError,
     InvalidArgument,
     LeaseLost,
+    LimitConflict,
     NotSupported,
 )
 from .protocol import QueueWaiter
@@ -90,6 +91,8 @@ def _error(shown: str, response: httpx.Response) -> Exception:
             f"the Turnstile service at {shown} answered HTTP {response.status_code} "
             "without a Turnstile error body (a proxy in between?)"
         )
+    if code == "limit_conflict":
+        return LimitConflict(message)
     if code in _INVALID:
         return InvalidArgument(message)
     if code == "unauthorized":
