@@ -34,6 +34,7 @@ from .errors import (
     ConfigurationError,
     InvalidArgument,
     LeaseLost,
+    LimitConflict,
     NotSupported,
     TurnstileError,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "KeyDepth",
     "Lease",
     "LeaseLost",
+    "LimitConflict",
     "Lock",
     "Message",
     "NotSupported",

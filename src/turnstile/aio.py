@@ -32,6 +32,7 @@ from .errors import (
     ConfigurationError,
     InvalidArgument,
     LeaseLost,
+    LimitConflict,
     NotSupported,
     TurnstileError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "KeyDepth",
     "Lease",
     "LeaseLost",
+    "LimitConflict",
     "Lock",
     "Message",
     "NotSupported",

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigurationError",
     "InvalidArgument",
     "LeaseLost",
+    "LimitConflict",
     "NotSupported",
     "TurnstileError",
 ]
@@ -31,6 +32,13 @@ class ConfigurationError(TurnstileError):
 
 class InvalidArgument(TurnstileError, ValueError):
     """An argument is outside its accepted range. The message names it and the range."""
+
+
+class LimitConflict(InvalidArgument):
+    """An acquire named another limit than the one of a name in use (with holders or
+    waiters): a name has one limit. The message names the name, its limit, and how to change
+    it (``Semaphore.set_limit``, ``POST /v1/semaphores/limit``, ``turnstile limit``).
+    Nothing was granted and the caller is not in line."""
 
 
 class BackendUnavailable(TurnstileError):

@@ -10,6 +10,7 @@ import pytest
 
 from turnstile._core import lock_machine
 from turnstile._core.records import AcquireResult
+from turnstile.errors import InvalidArgument
 
 
 class Store:
@@ -230,16 +231,49 @@ def test_renew_claims_an_unclaimed_grant() -> None:
     assert g is not None and s.state.holders["b"].claimed and g.expires_at == 10.5
 
 
-def test_semaphore_limit_and_changes_of_limit() -> None:
+def test_a_busy_name_keeps_its_limit_and_set_limit_changes_it() -> None:
     s = Store(limit=2)
     assert s.acquire("a", 0.0)[0].grant is not None
     assert s.acquire("b", 0.0)[0].grant is not None
     assert s.acquire("c", 0.0)[0].position == 0
-    r, woken = s.acquire("d", 0.1, limit=3)  # a caller asking with a larger limit
-    assert woken == ["c"] and r.position == 0
-    assert s.holders(0.1) == ["a", "b", "c"]
-    r, _ = s.acquire("e", 0.2, limit=1)  # lowered: nobody is evicted, nobody promoted
-    assert s.holders(0.2) == ["a", "b", "c"] and r.position == 1
+    # a newcomer asking with another limit is refused, and nothing changes
+    with pytest.raises(InvalidArgument, match=r"'n' has limit 2 .* asked for limit 3"):
+        s.acquire("d", 0.1, limit=3)
+    assert s.holders(0.1) == ["a", "b"] and s.waiters(0.1) == ["c"]
+    # one already in line keeps its place whatever limit it names: the name's governs
+    r, woken = s.acquire("c", 0.1, limit=3)
+    assert r.position == 0 and woken == [] and s.state.limit == 2
+    # raised: the waiters in front are granted (and to be woken), in order
+    assert s.acquire("d", 0.1)[0].position == 1
+    previous, woken = lock_machine.set_limit(
+        s.state, limit=3, now=0.2, next_token=s.tokens(0.2)
+    )
+    assert previous == 2 and woken == ["c"] and s.holders(0.2) == ["a", "b", "c"]
+    assert s.waiters(0.2) == ["d"]
+    # lowered: nobody is evicted, nobody promoted until fewer than 1 hold
+    previous, woken = lock_machine.set_limit(
+        s.state, limit=1, now=0.3, next_token=s.tokens(0.3)
+    )
+    assert previous == 3 and woken == [] and s.holders(0.3) == ["a", "b", "c"]
+    for who in ("a", "b"):
+        assert s.release(who, 0.4) == (True, [])
+    assert s.release("c", 0.5) == (True, ["d"])
+
+
+def test_an_idle_name_takes_the_callers_limit_and_ignores_set_limit() -> None:
+    s = Store(limit=1)
+    previous, woken = lock_machine.set_limit(s.state, limit=4, now=0.0, next_token=s.tokens(0.0))
+    assert (previous, woken, s.state.limit) == (None, [], 1)
+    assert s.acquire("a", 0.0, limit=1)[0].grant is not None
+    assert s.release("a", 0.1)[0]
+    # idle again (nothing held, nobody waiting): the next caller's limit becomes the name's
+    for who in ("x", "y", "z"):
+        assert s.acquire(who, 0.2, limit=3)[0].grant is not None
+    assert s.state.limit == 3
+    # expired leases do not make a name busy
+    t = Store(limit=1)
+    t.acquire("old", 0.0, ttl=1.0)
+    assert t.acquire("new", 2.0, limit=2)[0].grant is not None and t.state.limit == 2
 
 
 def test_status_filters_expired_and_orders() -> None:

@@ -14,6 +14,13 @@ Invariants, after every step, at store time ``now``:
   long as its waiting entry would have (``wait_ttl``), so a waiter whose process died can
   stall the line for at most that long; its next ``acquire`` claims the grant for its full
   ``ttl``.
+
+A name has **one limit** while it has holders or waiters: the limit of the acquire that
+found it idle (an idle name keeps no state), changed only by :func:`set_limit`. An acquire
+by a newcomer (neither holding nor waiting) that names another limit is refused
+(:func:`limit_conflict`), so a lock and a semaphore that share a name by mistake can never
+hold it together. Holders and waiters already there keep their place whatever limit they
+name: the name's limit governs their grants.
 """
 
 from __future__ import annotations
@@ -22,7 +29,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import LimitConflict
 from .records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
+
+
+def limit_conflict(name: str, current: int, asked: int) -> LimitConflict:
+    """The refusal of an acquire that names ``asked`` on a busy name whose limit is
+    ``current`` (every store raises this very message)."""
+    return LimitConflict(
+        f"{name!r} has limit {current} while it has holders or waiters; this call asked for "
+        f"limit {asked}. A name has one limit: ask with limit {current}, or change it with "
+        f"Semaphore.set_limit({asked}) (HTTP: POST /v1/semaphores/limit; CLI: turnstile "
+        f"limit NAME {asked})"
+    )
 
 
 def clock_token(last: int, now: float) -> int:
@@ -116,10 +135,18 @@ def acquire(
     next_token: Callable[[], int],
 ) -> tuple[AcquireResult, list[str]]:
     """One step of acquiring: hold, join or keep one's place in line, or (``enqueue=False``)
-    take a free slot only if nobody waits. Idempotent per ``holder``."""
+    take a free slot only if nobody waits. Idempotent per ``holder``.
+
+    Raises :func:`limit_conflict` (changing nothing but the purge) when a newcomer names
+    another limit than the busy name's; an idle name takes the caller's limit."""
     purge(state, now)
-    state.limit = limit
-    # Expiries (or a raised limit) free slots for the waiters in front; the caller may be one
+    if state.empty:
+        state.limit = limit
+    elif state.limit != limit and not (
+        holder in state.holders or any(w.holder == holder for w in state.waiters)
+    ):
+        raise limit_conflict(name, state.limit, limit)
+    # Expiries free slots for the waiters in front; the caller may be one
     # of them and then claims its grant below, so it is not among those to be woken.
     woken = [h for h in promote(state, now, next_token, None) if h != holder]
     mine = state.holders.get(holder)
@@ -159,6 +186,22 @@ def release(
         state.waiters = [w for w in state.waiters if w.holder != holder]
         released = released or len(state.waiters) != before
     return released, promote(state, now, next_token, None)
+
+
+def set_limit(
+    state: NameState, *, limit: int, now: float, next_token: Callable[[], int]
+) -> tuple[int | None, list[str]]:
+    """Change the limit of a busy name, for the next grants: a raised limit grants waiters
+    from the front at once (returned, to be woken); a lowered one never revokes a lease (no
+    grant until fewer than ``limit`` hold). Returns (the limit replaced, woken); ``None`` and
+    nothing changed when the name is idle (it keeps no state: the next acquire's limit
+    applies)."""
+    purge(state, now)
+    if state.empty:
+        return None, []
+    previous = state.limit
+    state.limit = limit
+    return previous, promote(state, now, next_token, None)
 
 
 def renew(

@@ -462,8 +462,27 @@ class Semaphore:
         return status
 
     def locked(self) -> bool:
-        """Whether every slot is taken right now."""
-        return len((self.status()).holders) >= self.limit
+        """Whether every slot is taken right now (under the name's limit, which may differ
+        from this object's after a :meth:`set_limit` elsewhere)."""
+        status = self.status()
+        return status.free == 0
+
+    def set_limit(self, limit: int) -> int | None:
+        """Change the limit of the name, atomically on the store, for the next grants.
+
+        A name has one limit while it has holders or waiters (an acquire naming another one
+        is refused with :class:`~turnstile.InvalidArgument`); this is the way to change it.
+        Raising it grants waiters at once, in line order; lowering it never revokes a held
+        lease: nobody more is granted until fewer than ``limit`` hold. This object's own
+        ``limit`` becomes ``limit`` too.
+
+        Returns the limit replaced, or ``None`` when the name is idle: an idle name keeps no
+        state, and its next acquire sets its limit (this object's, from now on)."""
+        limit = validate.limit(limit)
+        previous = self._backend.set_limit(self.name, limit)
+        self.limit = limit
+        log_acquire.debug("set_limit %r: %s -> %d", self.name, previous, limit)
+        return previous
 
     def __enter__(self) -> Lease:
         owner = _compat.current_owner()
@@ -511,3 +530,12 @@ class Lock(Semaphore):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} ttl={self.ttl}>"
+
+    def set_limit(self, limit: int) -> int | None:
+        """Refused: a lock is a semaphore of one, and its name's limit is always 1 while it
+        holds or waits. To let more in, use ``client.semaphore(name, limit=1)`` and its
+        :meth:`Semaphore.set_limit` (every lock holder must then expect company)."""
+        raise InvalidArgument(
+            f"a Lock always has limit 1; to change the limit of {self.name!r} use "
+            f"client.semaphore({self.name!r}, limit=1).set_limit({limit!r})"
+        )

@@ -45,7 +45,7 @@ from ._support import (
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Modules under turnstile.cli, in the order `turnstile --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "status", "demo", "queue", "serve", "migrate")
+COMMANDS: tuple[str, ...] = ("run", "status", "limit", "demo", "queue", "serve", "migrate")
 
 DESCRIPTION = """\
 Fair leased locks and semaphores shared by every process that uses the same store URL.
@@ -57,6 +57,7 @@ Fair leased locks and semaphores shared by every process that uses the same stor
   turnstile queue {queue_actions} …
                                                keyed FIFO queues (turnstile queue --help)
   turnstile serve [--host H] [--port P]        HTTP API, dashboard, metrics (docs/http.md)
+  turnstile limit NAME N                       change the limit of a name (its next grants)
   turnstile migrate [--print-sql | --apply]    schema version; SQL for a DBA (PostgreSQL)
 """
 

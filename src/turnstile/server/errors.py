@@ -17,6 +17,7 @@ from ..errors import (
     ConfigurationError,
     InvalidArgument,
     LeaseLost,
+    LimitConflict,
     NotSupported,
     TurnstileError,
 )
@@ -34,6 +35,7 @@ CODES: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "the endpoint does not accept this method"),
     "acquire_timeout": (409, "not granted within `wait` seconds; the caller left the line"),
     "lease_lost": (409, "the lease expired or was taken over; it is no longer held"),
+    "limit_conflict": (409, "the name is in use under another limit (change it: /limit)"),
     "payload_too_large": (413, "the body exceeds the service's limit"),
     "unsupported_media_type": (415, "POST bodies must be sent as application/json"),
     "invalid_argument": (422, "an argument is missing, unknown or outside its accepted range"),
@@ -65,6 +67,8 @@ def from_exception(exc: BaseException) -> ApiError:
     """Map a Turnstile error to its API error."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, LimitConflict):  # an InvalidArgument about the store's state
+        return ApiError("limit_conflict", str(exc))
     if isinstance(exc, InvalidArgument):
         return ApiError("invalid_argument", str(exc))
     if isinstance(exc, AcquireTimeout):

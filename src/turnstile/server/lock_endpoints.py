@@ -123,6 +123,13 @@ async def release(ctx: Ctx, kind: str) -> Any:
     return {"released": released}
 
 
+async def set_limit(ctx: Ctx) -> Any:
+    """Change the limit of a name for its next grants (``AsyncSemaphore.set_limit``)."""
+    sem = _primitive(ctx, "semaphores")
+    previous = await sem.set_limit(ctx.args["limit"])
+    return {"name": sem.name, "limit": sem.limit, "previous": previous}
+
+
 async def status(ctx: Ctx, kind: str) -> Any:
     name = ctx.args["name"]
     ctx.may_read(name)
@@ -199,7 +206,8 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
             "Joins the line and waits (long poll) until granted, in arrival order. On "
             "`acquire_timeout` the caller has left the line. The lease is not renewed by "
             "the service: renew it before `expires_in` passes, or release it when done. "
-            "If the client disconnects while waiting, it leaves the line.",
+            "If the client disconnects while waiting, it leaves the line. "
+            "`limit_conflict` (409) if the name is in use under another limit.",
             fields=(
                 name, *limit, Field("ttl", {**TTL, "default": 30}),
                 Field("holder", {
@@ -217,7 +225,8 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
             "Holds, or joins the line (first call) and answers the position (0 = next). "
             "Idempotent per `holder`: asking again keeps the place and, once granted, "
             "returns the same lease. A place not asked about within `wait_ttl` lapses. "
-            "`enqueue: false` takes a free slot only if nobody waits, without joining.",
+            "`enqueue: false` takes a free slot only if nobody waits, without joining. "
+            "`limit_conflict` (409) if the name is in use under another limit.",
             fields=(
                 name, *limit, Field("ttl", {**TTL, "default": 30}), holder,
                 Field("wait_ttl", {
@@ -227,6 +236,7 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                 Field("enqueue", {"type": "boolean", "default": True}),
             ),
             response=ref("Ticket"),
+            errors=(409,),
         ),
         Endpoint(
             f"/v1/{kind}/renew", _bound(renew, kind), f"{kind}_renew", kind,
@@ -276,6 +286,22 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
                       required=True),
             ),
             response=obj(["woken"], {"woken": {"type": "boolean"}}),
+        ),
+        Endpoint(
+            "/v1/semaphores/limit", set_limit, "semaphores_set_limit", "semaphores",
+            "Change the limit of a name (for its next grants)",
+            "A name has one limit while it has holders or waiters: an acquire or try-acquire "
+            "naming another one is refused (`limit_conflict`, 409). This changes it, "
+            "atomically: a raised limit grants waiters at once, in line order; a lowered one "
+            "never revokes a held lease (nobody more is granted until fewer than `limit` "
+            "hold). `previous` is the limit replaced, or null when the name is idle: nothing "
+            "is stored for an idle name, and its next acquire sets its limit.",
+            fields=(Field("name", NAME, required=True), Field("limit", LIMIT, required=True)),
+            response=obj(["name", "limit", "previous"], {
+                "name": {"type": "string"},
+                "limit": {"type": "integer", "minimum": 1},
+                "previous": {"type": ["integer", "null"], "minimum": 1},
+            }),
         ),
         Endpoint(
             "/v1/names", names, "names", ("locks", "semaphores"),

@@ -60,6 +60,15 @@ class Reference:
         self._settle(name, woken)
         return result
 
+    def set_limit(self, now: float, name: str, limit: int) -> int | None:
+        if name not in self.states:
+            return None
+        previous, woken = lock_machine.set_limit(
+            self.states[name], limit=limit, now=now, next_token=self._tokens(name, now)
+        )
+        self._settle(name, woken)
+        return previous
+
     def release(self, now: float, name: str, holder: str, token: int | None) -> bool:
         if name not in self.states:
             return False
@@ -115,24 +124,36 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
     issued: dict[tuple[str, str], int] = {}  # last token seen per (name, holder)
     wait_ids: dict[str, int] = {}  # holder -> its waiting entry, as its last step told it
     expected: list[tuple[str, int, int, float, float]] = []  # what each wake-up must say
+    seen: set[str] = set()  # the sequence must include refusals and changes of limit
+    usual = dict.fromkeys(NAMES, 1)
     try:
         for step in range(250):
             clock[0] += GRID * rng.choice([0, 0, 1, 4, 16, 32, 64, 128])
             now = clock[0]
             name, holder = rng.choice(NAMES), rng.choice(HOLDERS)
-            op = rng.choices(["acquire", "release", "renew", "status", "names"], [6, 3, 2, 1, 1])[0]
+            op = rng.choices(
+                ["acquire", "set_limit", "release", "renew", "status", "names"],
+                [6, 1, 3, 2, 1, 1],
+            )[0]
             where = f"seed {seed} step {step}: {op} {name!r} {holder!r} at +{now - T0}"
             if op == "acquire":
+                # Mostly the limit the name was last given (a line forms, hand-overs
+                # happen), sometimes another (refused while the name is busy).
+                limit = usual[name] if rng.random() < 0.9 else rng.choice([1, 2, 3])
                 kw = {
-                    "limit": rng.choice([1, 1, 2, 3]),
+                    "limit": limit,
                     "ttl": rng.choice(TTLS),
                     "wait_ttl": rng.choice(TTLS),
                     "enqueue": rng.random() < 0.8,
                 }
                 before = len(ref.woken)
-                want = ref.acquire(now, name, holder, **kw)
-                got = backend.acquire(name, holder, **kw)
+                want = _outcome(ref.acquire, now, name, holder, **kw)
+                got = _outcome(backend.acquire, name, holder, **kw)
                 assert got == want, where
+                if isinstance(got, str):  # a refused limit: nothing changed
+                    seen.add("refused")
+                    continue
+                usual[name] = limit  # the name's limit now (or the caller's, if it waits)
                 if got.grant is not None:
                     issued[(name, holder)] = got.grant.token
                     assert got.wait_id is None, where
@@ -141,6 +162,14 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                     assert (got.wait_id is not None) == (got.position is not None), where
                     if got.wait_id is not None:
                         wait_ids[f"{name}\0{holder}"] = got.wait_id
+                _expect(ref, before, name, wait_ids, expected)
+            elif op == "set_limit":
+                limit = rng.choice([1, 2, 3])
+                before = len(ref.woken)
+                previous = ref.set_limit(now, name, limit)
+                usual[name] = limit
+                assert backend.set_limit(name, limit) == previous, where
+                seen.add("changed" if previous not in (None, limit) else "unchanged")
                 _expect(ref, before, name, wait_ids, expected)
             elif op == "release":
                 token = rng.choice([None, issued.get((name, holder)), rng.randrange(1, 10**16)])
@@ -160,6 +189,28 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
             else:
                 prefix = rng.choice(["", "a", "b:", "z"])
                 assert backend.names(prefix, 2) == ref.names(now, prefix, 2), where
+        # A scripted tail, so that every seed has hand-overs of both kinds, by a release and
+        # by a raised limit (everything above has lapsed by then).
+        clock[0] += 10.0
+        now = clock[0]
+        name = NAMES[seed % len(NAMES)]
+        for holder in ("h1", "h2", "h3"):
+            kw = {"limit": 1, "ttl": 3.0, "wait_ttl": 3.0, "enqueue": True}
+            want = ref.acquire(now, name, holder, **kw)
+            got = backend.acquire(name, holder, **kw)
+            assert got == want, f"seed {seed} tail: acquire {holder}"
+            if got.wait_id is not None:
+                wait_ids[f"{name}\0{holder}"] = got.wait_id
+        before = len(ref.woken)
+        assert backend.release(name, "h1", None) == ref.release(now, name, "h1", None) is True
+        assert backend.set_limit(name, 2) == ref.set_limit(now, name, 2) == 1
+        assert [w[1] for w in ref.woken[before:]] == ["h2", "h3"]
+        _expect(ref, before, name, wait_ids, expected)
+        kw = {"limit": 3, "ttl": 3.0, "wait_ttl": 3.0, "enqueue": True}
+        refused = _outcome(backend.acquire, name, "h4", **kw)
+        assert refused == _outcome(ref.acquire, now, name, "h4", **kw)
+        assert isinstance(refused, str) and "has limit 2" in refused
+        seen.add("refused")
         # Every hand-over woke exactly its waiter, once, in commit order, with its grant.
         deadline = time.monotonic() + 10
         while len(heard) < len(expected) and time.monotonic() < deadline:
@@ -169,9 +220,18 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
             heard.append(notify.payload)
         assert [_parse(p) for p in heard] == expected
         assert expected, "the sequence should include hand-overs"
+        assert seen == {"refused", "changed", "unchanged"}, seen
     finally:
         listen.close()
         client.close()
+
+
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """The answer, or the message of an InvalidArgument (a refused limit)."""
+    try:
+        return fn(*args, **kwargs)
+    except turnstile.InvalidArgument as exc:
+        return str(exc)
 
 
 def _expect(

@@ -1,6 +1,7 @@
 """The Lua scripts follow the reference state machine (turnstile/_core/lock_machine.py) step for
 step: the same random sequence of operations, run on the memory backend (the model itself)
-and on a real Redis, gives the same answers and the same holders and line after each step.
+and on a real Redis, gives the same answers (refusals of another limit included) and the
+same holders and line after each step.
 
 Leases and waiting entries here are long, so no expiry falls inside a sequence (expiry is
 judged by each store's own clock; the contract suite covers it).
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,14 @@ def _server() -> str:
             pytest.fail("TURNSTILE_TEST_REDIS_URL is not set under CI")
         pytest.skip("TURNSTILE_TEST_REDIS_URL is not set (scripts/dev.py test sets it)")
     return url
+
+
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """The answer, or the message of an InvalidArgument (a refused limit)."""
+    try:
+        return fn(*args, **kwargs)
+    except turnstile.InvalidArgument as exc:
+        return str(exc)
 
 
 def _view(backend: Backend, name: str) -> tuple[object, ...]:
@@ -53,10 +63,13 @@ def test_random_operations_match_the_model(seed: int) -> None:
     names = ["a", "{b}", "c c"]
     holders = [f"h{i}" for i in range(7)]
     tokens: dict[tuple[str, str], tuple[int, int]] = {}  # (name, holder) -> (model, redis)
+    seen: set[str] = set()  # the sequence must include refusals and changes of limit
     try:
         for step in range(400):
             name, holder = rng.choice(names), rng.choice(holders)
-            op = rng.choices(["acquire", "release", "release_token", "renew"], [6, 2, 2, 1])[0]
+            op = rng.choices(
+                ["acquire", "set_limit", "release", "release_token", "renew"], [6, 1, 2, 2, 1]
+            )[0]
             where = f"seed {seed} step {step}: {op} {name!r} {holder!r}"
             if op == "acquire":
                 limit = rng.choice([1, 1, 2, 3])
@@ -64,12 +77,21 @@ def test_random_operations_match_the_model(seed: int) -> None:
                 # Unclaimed grants last min(ttl, wait_ttl), claimed ones ttl: vary both.
                 ttl, wait_ttl = rng.choice([LONG, LONG / 2]), rng.choice([LONG, LONG / 4])
                 args = {"limit": limit, "ttl": ttl, "wait_ttl": wait_ttl, "enqueue": enqueue}
-                a = model.backend.acquire(name, holder, **args)
-                b = real.backend.acquire(name, holder, **args)
+                a = _outcome(model.backend.acquire, name, holder, **args)
+                b = _outcome(real.backend.acquire, name, holder, **args)
+                if isinstance(a, str) or isinstance(b, str):  # a refused limit, on both
+                    assert a == b, where
+                    seen.add("refused")
+                    continue
                 assert (a.grant is None) == (b.grant is None), where
                 assert a.position == b.position, where
                 if a.grant is not None and b.grant is not None:
                     tokens[(name, holder)] = (a.grant.token, b.grant.token)
+            elif op == "set_limit":
+                limit = rng.choice([1, 2, 3])
+                previous = model.backend.set_limit(name, limit)
+                assert real.backend.set_limit(name, limit) == previous, where
+                seen.add("changed" if previous not in (None, limit) else "unchanged")
             elif op == "release":
                 assert model.backend.release(name, holder, None) == real.backend.release(
                     name, holder, None
@@ -88,6 +110,7 @@ def test_random_operations_match_the_model(seed: int) -> None:
                     assert (ga is None) == (gb is None), where
             for n in names:
                 assert _view(model.backend, n) == _view(real.backend, n), f"{where}; {n!r}"
+        assert seen == {"refused", "changed", "unchanged"}, seen
         # Tokens are ordered the same way on both stores.
         pairs = sorted(tokens.values())
         assert [b for _, b in pairs] == sorted(b for _, b in pairs)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import random
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from turnstile._core import lock_machine
-from turnstile.errors import BackendUnavailable, ConfigurationError
+from turnstile.errors import BackendUnavailable, ConfigurationError, InvalidArgument
 from turnstile.stores.sqlite import lock_store as sqlite_store
 from turnstile.stores.sqlite.lock_store import SCHEMA_VERSION, SQLiteStore
 
@@ -75,8 +76,22 @@ class Reference:
             self.state(name), name=name, holder=holder, token=token, ttl=ttl, now=self.clock()
         )
 
+    def set_limit(self, name: str, limit: int) -> int | None:
+        previous, _ = lock_machine.set_limit(
+            self.state(name), limit=limit, now=self.clock(), next_token=self._tokens()
+        )
+        return previous
+
     def status(self, name: str) -> lock_machine.Status:
         return lock_machine.status(self.state(name), name=name, now=self.clock())
+
+
+def _outcome(fn: Any, *args: Any) -> Any:
+    """The answer, or the message of an InvalidArgument (a refused limit): equal on both."""
+    try:
+        return fn(*args)
+    except InvalidArgument as exc:
+        return ("refused", str(exc))
 
 
 def _names_row_invariant(path: str) -> None:
@@ -111,6 +126,7 @@ def test_store_follows_the_model_step_for_step(
     names = ["n1", "{n2} 😀"]
     holders = [f"h{i}" for i in range(6)]
     tokens: dict[tuple[str, str], int] = {}
+    seen: set[str] = set()  # kinds of answers met: the sequence must include refusals
     try:
         for step in range(1500):
             clock.now += rng.choice([0.0, 0.001, 0.05, 0.3, 1.0])
@@ -125,9 +141,14 @@ def test_store_follows_the_model_step_for_step(
                     rng.choice([0.2, 1.0]),
                     rng.random() < 0.85,
                 )
-                got, want = store.acquire(*args), ref.acquire(*args)
-                if want.grant is not None:
+                got, want = _outcome(store.acquire, *args), _outcome(ref.acquire, *args)
+                if isinstance(want, lock_machine.AcquireResult) and want.grant is not None:
                     tokens[(name, holder)] = want.grant.token
+                seen.add("refused" if isinstance(want, tuple) else "answered")
+            elif op < 0.6:
+                limit = rng.choice([1, 2, 3])
+                got, want = store.set_limit(name, limit), ref.set_limit(name, limit)
+                seen.add("changed" if want is not None and want != limit else "unchanged")
             elif op < 0.85:
                 token = tokens.get((name, holder)) if rng.random() < 0.7 else None
                 if token is not None and rng.random() < 0.2:
@@ -143,6 +164,7 @@ def test_store_follows_the_model_step_for_step(
             if step % 50 == 0:
                 _names_row_invariant(path)
         _names_row_invariant(path)
+        assert seen == {"refused", "answered", "changed", "unchanged"}
     finally:
         store.close()
 

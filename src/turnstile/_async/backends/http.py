@@ -51,6 +51,7 @@ from ...errors import (
     ConfigurationError,
     InvalidArgument,
     LeaseLost,
+    LimitConflict,
     NotSupported,
 )
 from .protocol import AsyncQueueWaiter
@@ -89,6 +90,8 @@ def _error(shown: str, response: httpx.Response) -> Exception:
             f"the Turnstile service at {shown} answered HTTP {response.status_code} "
             "without a Turnstile error body (a proxy in between?)"
         )
+    if code == "limit_conflict":
+        return LimitConflict(message)
     if code in _INVALID:
         return InvalidArgument(message)
     if code == "unauthorized":
@@ -471,6 +474,11 @@ class AsyncHTTPBackend:
         except LeaseLost:
             return None
         return _grant(data["lease"])
+
+    async def set_limit(self, name: str, limit: int) -> int | None:
+        data = await self.call("POST", "/v1/semaphores/limit", {"name": name, "limit": limit})
+        previous = data["previous"]
+        return None if previous is None else int(previous)
 
     async def status(self, name: str) -> Status:
         data = await self.call("POST", "/v1/semaphores/status", {"name": name})

@@ -113,6 +113,17 @@ class AsyncMemoryBackend:
                 state, name=name, holder=holder, token=token, ttl=ttl, now=self._clock()
             )
 
+    async def set_limit(self, name: str, limit: int) -> int | None:
+        with self._lock:
+            state = self._states.get(name)
+            if state is None:
+                return None
+            previous, woken = lock_machine.set_limit(
+                state, limit=limit, now=self._clock(), next_token=self._next_token
+            )
+            self._settle(name, state, woken)
+            return previous
+
     async def status(self, name: str) -> Status:
         with self._lock:
             state = self._states.get(name) or lock_machine.NameState()

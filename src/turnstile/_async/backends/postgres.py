@@ -26,6 +26,7 @@ from urllib.parse import SplitResult
 import psycopg
 from psycopg import AsyncConnection
 
+from ..._core import lock_machine
 from ..._core.records import (
     AcquireResult,
     Characteristics,
@@ -34,7 +35,7 @@ from ..._core.records import (
     Status,
     WaiterInfo,
 )
-from ...errors import ConfigurationError
+from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.postgres import sql as pg
 from .postgres_connection import AsyncPostgresConnection, new_pool
 from .postgres_listen import AsyncListener, AsyncPostgresWaiter
@@ -100,7 +101,29 @@ class AsyncPostgresBackend:
     ) -> AcquireResult:
         await self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()
-        row = await self._run(
+        try:
+            row = await self._acquire_row(name, holder, limit, ttl, wait_ttl, enqueue, channel)
+        except BackendUnavailable as exc:
+            current = pg.conflicting_limit(exc.__cause__)
+            if current is None:
+                raise
+            raise lock_machine.limit_conflict(name, current, limit) from None
+        granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row
+        if granted:
+            return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
+        return AcquireResult(None, position, now, retry_after, wait_id)
+
+    async def _acquire_row(
+        self,
+        name: str,
+        holder: str,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        channel: str,
+    ) -> Any:
+        return await self._run(
             self._q["acquire"],
             {
                 "name": name,
@@ -115,10 +138,6 @@ class AsyncPostgresBackend:
             },
             "acquire",
         )
-        granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row
-        if granted:
-            return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
-        return AcquireResult(None, position, now, retry_after, wait_id)
 
     def _wake_channel(self) -> str:
         """The channel a hand-over to a waiter of this client is announced on ('': none); a
@@ -143,6 +162,14 @@ class AsyncPostgresBackend:
         if not renewed:
             return None
         return Grant(name, holder, token, acquired_at, expires_at)
+
+    async def set_limit(self, name: str, limit: int) -> int | None:
+        row = await self._run(
+            self._q["set_limit"],
+            {"name": name, "limit": limit, "now": self._now()},
+            "set the limit",
+        )
+        return None if row[0] is None else int(row[0])
 
     async def status(self, name: str) -> Status:
         row = await self._run(self._q["status"], {"name": name, "now": self._now()}, "read status")

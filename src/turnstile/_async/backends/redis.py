@@ -188,7 +188,7 @@ class AsyncRedisBackend:
                 # the server after `sent`. Shift `now` by the time since, so that the local
                 # deadline the caller derives (its send time + expires - now) counts from
                 # `sent`: conservative, never late.
-                result = replies.acquire_result(name, holder, found[1])
+                result = replies.acquire_result(name, holder, limit, found[1])
                 result = dataclasses.replace(
                     result, now=result.now + (time.monotonic() - found[2])
                 )
@@ -199,7 +199,7 @@ class AsyncRedisBackend:
                 # than start on a lease that looks nearly over, ask again. Per holder the step
                 # answers the same grant, with the store's clock read now.
         reply = await self._run("acquire", name, [name, holder, *step])
-        result = replies.acquire_result(name, holder, reply)
+        result = replies.acquire_result(name, holder, limit, reply)
         if result.grant is None and result.position is not None:
             if len(self._waiting_steps) >= keys.KeyCache.SIZE:
                 self._waiting_steps.clear()
@@ -213,6 +213,10 @@ class AsyncRedisBackend:
     async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
         reply = await self._run("renew", name, [holder, str(token), keys.lease_micros(ttl)])
         return replies.renew_result(name, holder, reply)
+
+    async def set_limit(self, name: str, limit: int) -> int | None:
+        previous = int(await self._run("set_limit", name, [name, limit]))
+        return None if previous < 0 else previous
 
     async def status(self, name: str) -> Status:
         return replies.status_result(name, await self._run("status", name, []))

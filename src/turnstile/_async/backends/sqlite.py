@@ -83,6 +83,9 @@ class AsyncSQLiteBackend:
     async def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
         return await _compat.run_blocking(self.store.renew, name, holder, token, ttl)
 
+    async def set_limit(self, name: str, limit: int) -> int | None:
+        return await _compat.run_blocking(self.store.set_limit, name, limit)
+
     async def status(self, name: str) -> Status:
         return await _compat.run_blocking(self.store.status, name)
 

@@ -114,6 +114,17 @@ class MemoryBackend:
                 state, name=name, holder=holder, token=token, ttl=ttl, now=self._clock()
             )
 
+    def set_limit(self, name: str, limit: int) -> int | None:
+        with self._lock:
+            state = self._states.get(name)
+            if state is None:
+                return None
+            previous, woken = lock_machine.set_limit(
+                state, limit=limit, now=self._clock(), next_token=self._next_token
+            )
+            self._settle(name, state, woken)
+            return previous
+
     def status(self, name: str) -> Status:
         with self._lock:
             state = self._states.get(name) or lock_machine.NameState()

@@ -83,7 +83,8 @@ class Backend(Protocol):
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
         """Hold, join the line, or keep one's place (lock_machine.acquire). Idempotent per
-        holder. Waking the waiters this step granted on others' behalf is part of the
+        holder. Raises ``lock_machine.limit_conflict`` when a newcomer names another limit
+        than the busy name's. Waking the waiters this step granted on others' behalf is part of the
         operation."""
         ...
 
@@ -93,6 +94,11 @@ class Backend(Protocol):
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
         """lock_machine.renew: ``None`` means the lease is gone (lost)."""
+        ...
+
+    def set_limit(self, name: str, limit: int) -> int | None:
+        """lock_machine.set_limit, then wake whoever a raised limit granted: the limit
+        replaced, or ``None`` when the name is idle (nothing stored, nothing changed)."""
         ...
 
     def status(self, name: str) -> Status: ...

@@ -84,6 +84,9 @@ class SQLiteBackend:
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
         return _compat.run_blocking(self.store.renew, name, holder, token, ttl)
 
+    def set_limit(self, name: str, limit: int) -> int | None:
+        return _compat.run_blocking(self.store.set_limit, name, limit)
+
     def status(self, name: str) -> Status:
         return _compat.run_blocking(self.store.status, name)
 

@@ -19,6 +19,9 @@ SELECT renewed, acquired_at, expires_at
 FROM __SCHEMA__.renew(%(name)s::text, %(holder)s::text, %(token)s::bigint, %(ttl)s::float8,
                       %(now)s::timestamptz)
 
+-- name: set_limit
+SELECT __SCHEMA__.set_limit(%(name)s::text, %(limit)s::integer, %(now)s::timestamptz)
+
 -- name: status
 SELECT lim, now, holders, waiters FROM __SCHEMA__.status(%(name)s::text, %(now)s::timestamptz)
 

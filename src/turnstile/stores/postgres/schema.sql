@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 4): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 5): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0004) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0005) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -36,7 +36,8 @@ CREATE TABLE __SCHEMA__.names (
     -- sha256 of the name: names may be up to 4 KiB, longer than a btree entry may be.
     key         bytea NOT NULL UNIQUE,
     name        text COLLATE "C" NOT NULL,
-    -- The limit last asked for (semaphores; 1 for locks).
+    -- The name's limit while it has holders or waiters: set by the acquire that found it
+    -- idle, changed by set_limit (1 for locks).
     lim         integer NOT NULL,
     -- The last fencing token issued on this name. The next is
     -- max(last_token + 1, clock in microseconds) (lock_machine.clock_token).
@@ -262,10 +263,12 @@ BEGIN
 END
 $$;
 
--- lock_machine.acquire, as in version 1, plus: p_channel and p_wake (where to send this waiter's
--- wake-up and the key naming it there, see above; required, so a call of the version-2
--- signature never matches this one) and the output wait_id (the seq of the caller's waiting
--- entry, which a wake-up names).
+-- lock_machine.acquire (version 3: the wake-up carries the grant; see above), plus one limit per name: a newcomer naming another
+-- limit than a busy name's is refused with SQLSTATE TSL01 (DETAIL: the name's limit), and
+-- the name's limit (not the caller's) governs the grants of those already in line.
+-- p_channel and p_wake say where to send this waiter's wake-up and the key naming it there
+-- (required, so a call of the version-2 signature never matches this one); the output
+-- wait_id is the seq of the caller's waiting entry, which a wake-up names.
 CREATE FUNCTION __SCHEMA__.acquire(
     p_name text, p_holder text, p_limit integer, p_ttl double precision,
     p_wait_ttl double precision, p_enqueue boolean, p_now timestamptz, p_channel text,
@@ -289,13 +292,14 @@ DECLARE
     v_min timestamptz;
     v_live integer;
     v_mine boolean;
+    v_lim integer;
 BEGIN
-    SELECT n.id, n.last_token INTO v_id, v_last
+    SELECT n.id, n.last_token, n.lim INTO v_id, v_last, v_lim
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
     FOR UPDATE;
     IF NOT FOUND THEN
         -- a new name (or one being forgotten right now): create its row
-        SELECT l.o_id, l.o_last INTO v_id, v_last
+        SELECT l.o_id, l.o_last, l.o_lim INTO v_id, v_last, v_lim
         FROM __SCHEMA__._lock_name(p_name, p_limit, p_now) l;
     END IF;
     v_now := coalesce(p_now, clock_timestamp());
@@ -314,12 +318,28 @@ BEGIN
            EXISTS (SELECT 1 FROM __SCHEMA__.holders h
                    WHERE h.name_id = v_id AND h.holder = p_holder)
     INTO v_live, v_mine FROM gone;
-    IF v_live < p_limit AND NOT v_mine
+    -- One limit per name (lock_machine.acquire): an idle name takes the caller's; on a busy
+    -- one a newcomer naming another limit is refused (the transaction is rolled back), and
+    -- whoever already holds or waits is served under the name's.
+    IF v_lim <> p_limit THEN
+        DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
+        IF v_live = 0
+           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
+            v_lim := p_limit;
+        ELSIF NOT EXISTS (SELECT 1 FROM __SCHEMA__.holders h
+                          WHERE h.name_id = v_id AND h.holder = p_holder)
+           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
+                           WHERE w.name_id = v_id AND w.holder = p_holder) THEN
+            RAISE EXCEPTION 'turnstile: the name has another limit' USING
+                ERRCODE = 'TSL01', DETAIL = v_lim::text;
+        END IF;
+    END IF;
+    IF v_live < v_lim AND NOT v_mine
        AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
         v_last := greatest(v_last + 1, floor(extract(epoch FROM v_now) * 1000000)::bigint);
         INSERT INTO __SCHEMA__.holders (name_id, holder, token, acquired_at, expires_at, claimed)
         VALUES (v_id, p_holder, v_last, v_now, v_now + p_ttl * interval '1 second', true);
-        UPDATE __SCHEMA__.names n SET last_token = v_last, lim = p_limit, idle_since = NULL
+        UPDATE __SCHEMA__.names n SET last_token = v_last, lim = v_lim, idle_since = NULL
         WHERE n.id = v_id;
         granted := true;
         token := v_last;
@@ -331,7 +351,7 @@ BEGIN
     DELETE FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at <= v_now;
     DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
     SELECT p.o_last, p.o_holders INTO v_last, v_holders
-    FROM __SCHEMA__._promote(v_id, p_name, p_limit, v_now, v_last, p_holder) p;
+    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, p_holder) p;
 
     SELECT h.token, h.acquired_at, h.expires_at, h.claimed
     INTO v_token, v_acq, v_exp, v_claimed
@@ -353,7 +373,7 @@ BEGIN
         WHERE w.name_id = v_id AND w.holder = p_holder
         RETURNING w.seq INTO v_seq;
         IF NOT FOUND THEN
-            IF v_holders < p_limit
+            IF v_holders < v_lim
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
                 -- an empty line and a free slot: ours at once, claimed
                 granted := true;
@@ -390,9 +410,9 @@ BEGIN
         END IF;
     END IF;
     -- Never idle after an acquire: it holds, waits, or found the name busy.
-    UPDATE __SCHEMA__.names n SET last_token = v_last, lim = p_limit, idle_since = NULL
+    UPDATE __SCHEMA__.names n SET last_token = v_last, lim = v_lim, idle_since = NULL
     WHERE n.id = v_id
-      AND (n.last_token <> v_last OR n.lim <> p_limit OR n.idle_since IS NOT NULL);
+      AND (n.last_token <> v_last OR n.lim <> v_lim OR n.idle_since IS NOT NULL);
 END
 $$;
 
@@ -501,6 +521,41 @@ BEGIN
         acquired_at := extract(epoch FROM v_acq);
         expires_at := extract(epoch FROM v_exp);
     END IF;
+END
+$$;
+
+-- lock_machine.set_limit: change a busy name's limit for the next grants; a raised limit
+-- grants (and wakes) waiters from the front at once, a lowered one revokes nothing. Returns
+-- the limit replaced, or NULL when the name is idle (nothing changed).
+CREATE FUNCTION __SCHEMA__.set_limit(
+    p_name text, p_limit integer, p_now timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_lim integer;
+    v_last bigint;
+    v_now timestamptz;
+BEGIN
+    SELECT l.o_id, l.o_lim, l.o_last INTO v_id, v_lim, v_last
+    FROM __SCHEMA__._lock_name(p_name, NULL, p_now) l;
+    IF v_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    v_now := coalesce(p_now, clock_timestamp());
+    DELETE FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at <= v_now;
+    DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.holders h WHERE h.name_id = v_id)
+       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
+        PERFORM __SCHEMA__._settle(v_id, v_now, v_last, v_lim);
+        RETURN NULL;
+    END IF;
+    SELECT p.o_last INTO v_last
+    FROM __SCHEMA__._promote(v_id, p_name, p_limit, v_now, v_last, NULL) p;
+    PERFORM __SCHEMA__._settle(v_id, v_now, v_last, p_limit);
+    RETURN v_lim;
 END
 $$;
 

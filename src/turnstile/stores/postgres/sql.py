@@ -391,6 +391,22 @@ def is_connection_error(exc: BaseException) -> bool:
     return state is None or state.startswith(("08", "57P"))
 
 
+# SQLSTATE of acquire's refusal of a newcomer naming another limit than a busy name's; its
+# DETAIL is the name's limit (see migrations/0005_one_limit_per_name.sql).
+LIMIT_CONFLICT = "TSL01"
+
+
+def conflicting_limit(exc: BaseException | None) -> int | None:
+    """The name's limit if ``exc`` is acquire's limit refusal, else ``None``."""
+    if getattr(exc, "sqlstate", None) != LIMIT_CONFLICT:
+        return None
+    detail = getattr(getattr(exc, "diag", None), "message_detail", None)
+    try:
+        return int(detail or "")
+    except ValueError:
+        return None
+
+
 def describe(exc: BaseException, config: PostgresConfig) -> str:
     # One line, without a final full stop (it is quoted mid-sentence); libpq's lines
     # ("… Connection refused", "Is the server running …?") become clauses.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._core import lock_machine
 from ..._core.records import (
     AcquireResult,
     ClaimResult,
@@ -28,8 +29,12 @@ def _seconds(us: Any) -> float:
     return int(us) / 1_000_000
 
 
-def acquire_result(name: str, holder: str, reply: list[Any]) -> AcquireResult:
+def acquire_result(name: str, holder: str, limit: int, reply: list[Any]) -> AcquireResult:
+    """The answer of acquire.lua to a step that asked with ``limit``; raises
+    ``lock_machine.limit_conflict`` when the script refused it (``granted`` 2)."""
     granted, token, acquired, expires, now, position, retry = reply
+    if int(granted) == 2:
+        raise lock_machine.limit_conflict(name, int(position), limit)
     if int(granted) == 1:
         grant = Grant(name, holder, int(token), _seconds(acquired), _seconds(expires))
         return AcquireResult(grant, None, _seconds(now), None)

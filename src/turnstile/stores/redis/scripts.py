@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
-LOCK_OPERATIONS = ("acquire", "release", "renew", "status", "probe")
+LOCK_OPERATIONS = ("acquire", "release", "renew", "set_limit", "status", "probe")
 QUEUE_OPERATIONS = (
     "put",
     "claim",

@@ -372,6 +372,14 @@ class SQLiteStore:
 
         return self._mutate(name, step)
 
+    def set_limit(self, name: str, limit: int) -> int | None:
+        return self._mutate(
+            name,
+            lambda state, now, tokens: lock_machine.set_limit(
+                state, limit=limit, now=now, next_token=tokens
+            ),
+        )
+
     def status(self, name: str) -> Status:
         return self._run(
             lambda conn: lock_machine.status(self._load(conn, name), name=name, now=self._clock()),

@@ -160,6 +160,13 @@ local function held()
   return redis.call('ZCARD', HX)
 end
 
+-- After purge(): whether the name has a live holder or waiter (model: not state.empty).
+local function busy()
+  if held() > 0 then return true end
+  if NO_WAITERS then return false end
+  return redis.call('ZCARD', WQ) > 0
+end
+
 -- model.clock_token: max(last + 1, now_us), the counter kept per name in D "=last".
 local function next_token()
   S.last = math.max(S.last + 1, NOW)

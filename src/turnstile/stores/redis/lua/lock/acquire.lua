@@ -8,7 +8,9 @@
 -- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us}:
 --   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
 --   granted = 0: position in line (0 = next) or -1 when not in line, and retry_after_us
---   until the earliest lease expires or -1 without holders.
+--   until the earliest lease expires or -1 without holders;
+--   granted = 2: refused, the name is busy under another limit, given in place of position
+--   (a newcomer naming another limit; see lock_machine.limit_conflict).
 -- Error "TURNSTILE name-collision" if the keys belong to another name (a hash collision).
 
 local name, holder = ARGV[2], ARGV[3]
@@ -19,10 +21,19 @@ load(holder)
 if S.name and S.name ~= name then
   return redis.error_reply('TURNSTILE name-collision: two names share one key hash')
 end
-if not S.name then pending['=name'] = name end
-if S.limit ~= limit then pending['=limit'] = fmt(limit) end
 purge(holder)
-local free, granted = promote(limit, nil) -- a changed limit or expiries may free slots
+-- model.acquire: a busy name keeps its limit; a newcomer naming another one is refused
+-- (nothing written but the purge); an idle name takes the caller's.
+if busy() and S.limit then
+  if S.limit ~= limit then
+    if not (S.mine or S.waiting) then return {2, '', 0, 0, NOW, S.limit, -1} end
+    limit = S.limit
+  end
+elseif S.limit ~= limit then
+  pending['=limit'] = fmt(limit)
+end
+if not S.name then pending['=name'] = name end
+local free, granted = promote(limit, nil) -- expiries may free slots
 
 local mine = granted[holder] or (S.mine and parse_holder(S.mine))
 if mine then
