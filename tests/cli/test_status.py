@@ -25,7 +25,10 @@ def _hold(url: str, name: str, holder: str) -> tuple[subprocess.Popen[str], int]
         "--holder",
         holder,
         "--",
-        *py("import os, time; print(os.environ['TURNSTILE_TOKEN'], flush=True); time.sleep(60)"),
+        *py(
+            "import os, time; print(os.environ['TURNSTILE_FENCING_TOKEN'], flush=True); "
+            "time.sleep(60)"
+        ),
     )
     assert proc.stdout is not None
     token = proc.stdout.readline().strip()
@@ -107,7 +110,7 @@ def test_status_shows_holders_and_waiters_in_order(url: str, tmp_path: Path) -> 
 def test_status_of_nothing(url: str) -> None:
     empty = run("status", "--url", url)
     assert empty.returncode == 0
-    assert empty.stdout.strip() == "no names have holders or waiters"
+    assert empty.stdout.strip() == f"no names have holders or waiters (store: {url})"
     assert json.loads(run("status", "--url", url, "--json").stdout)["names"] == []
     free = run("status", "--url", url, "some name")
     assert free.stdout.strip() == "some name: free (no holders, no waiters)"
