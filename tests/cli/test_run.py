@@ -412,7 +412,7 @@ def test_unknown_url_scheme() -> None:
     assert result.returncode == 78
     assert result.stderr.startswith("turnstile: error: unsupported URL scheme 'foo://'")
     assert "supported schemes: memory://, sqlite://" in result.stderr
-    assert "s3cret" not in result.stderr and "user:***@host" in result.stderr
+    assert "s3cret" not in result.stderr and "foo://***@host" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 

@@ -8,6 +8,7 @@ them; and where the embedded default store lives (:func:`default_url`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -265,6 +266,22 @@ def scrub(text: str, secrets: list[str] | tuple[str, ...]) -> str:
         if secret:
             text = text.replace(secret, REDACTED)
     return _redact_text(text)
+
+
+def scrub_exception(exc: BaseException, secrets: list[str] | tuple[str, ...]) -> None:
+    """Blot ``secrets`` out of ``exc`` and of every exception it was raised from or during
+    (a driver's, which may quote a DSN, a password or a token written as the user), in
+    place: their ``args`` are what a traceback, ``str`` and ``repr`` show."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        args = current.args
+        scrubbed = tuple(scrub(a, secrets) if isinstance(a, str) else a for a in args)
+        if scrubbed != args:
+            with contextlib.suppress(AttributeError, TypeError):  # read-only args
+                current.args = scrubbed
+        current = current.__cause__ or current.__context__
 
 
 # -- schemes ------------------------------------------------------------------------------

@@ -223,9 +223,14 @@ def connect(url: str | None = None, **options: Any) -> Client:
                 f"the {entry.description} backend is not available in this release"
             ) from None
         raise urls.missing_driver(entry, exc) from None
-    if options:
-        backend = module.open_backend(url, parts, **options)
-    else:
-        backend = module.open_backend(url, parts)
+    try:
+        if options:
+            backend = module.open_backend(url, parts, **options)
+        else:
+            backend = module.open_backend(url, parts)
+    except Exception as exc:
+        # The driver's error, chained below ours, may quote the URL's secrets.
+        urls.scrub_exception(exc, urls.secrets_in(url))
+        raise
     client = Client(backend, url)
     return client
