@@ -13,9 +13,11 @@ warning, logs and errors. The secret's unique core must never appear in any of t
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
+import subprocess
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ import turnstile
 from tests.http_server import ServerProcess, start_server
 from turnstile.errors import TurnstileError
 
-from ._invoke import run
+from ._invoke import environment, py, run
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -200,20 +202,47 @@ def _api(url: str) -> tuple[list[str], bool]:
     return out, True
 
 
+# The command line's main(), run for several argument lists in one fresh process (one
+# interpreter start instead of seven), each with its own environment and captured output.
+BATCH = """
+import contextlib, io, json, os, sys
+from turnstile.cli import main
+results = []
+base = dict(os.environ)
+for argv, env in json.loads(sys.argv[1]):
+    os.environ.clear()
+    os.environ.update(base, **env)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
 def _cli(url: str) -> list[str]:
-    out: list[str] = []
     in_env = {"TURNSTILE_URL": url}
-    for args, env in [
-        (("status", "--json", "--url", url), None),
-        (("status",), in_env),
-        (("status", "secret-walk", "--url", url), None),
-        (("run", "-v", "--url", url, "--lock", "secret-walk", "--", "true"), None),
-        (("run", "--lock", "secret-walk", "--", "false"), in_env),
-        (("--help",), in_env),
-        (("run", "--help"), in_env),
-    ]:
-        result = run(*args, env=env)
-        out += [result.stdout, result.stderr]
+    commands = [
+        (["status", "--json", "--url", url], {}),
+        (["status"], in_env),
+        (["status", "secret-walk", "--url", url], {}),
+        (["run", "-v", "--url", url, "--lock", "secret-walk", "--", "true"], {}),
+        (["run", "--lock", "secret-walk", "--", "false"], in_env),
+        (["--help"], in_env),
+        (["run", "--help"], in_env),
+    ]
+    result = subprocess.run(
+        [*py(BATCH), json.dumps(commands)],
+        env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = [result.stderr]
+    for (argv, _), (code, stdout, stderr) in zip(commands, json.loads(result.stdout), strict=True):
+        assert code != 70, (argv, stderr)  # no internal error on the way
+        out += [stdout, stderr]
     return out
 
 
@@ -296,3 +325,35 @@ def test_no_output_path_shows_a_secret_of_the_http_service(
     url, core = _http_url(service, position)
     _check(_walk(url, tmp_path, caplog, demo=True), core, url)
     _check(service.output() + "***", core, url)  # nor the service's own log
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "redis://user:{s}@127.0.0.1:1/0",
+        "redis://{s}@127.0.0.1:1/0",
+        "rediss://:{s}@127.0.0.1:1/0?socket_connect_timeout=2",
+        "redis+cluster://user:{s}@127.0.0.1:1",
+        "postgresql://user:{s}@127.0.0.1:1/db?connect_timeout=2",
+        "postgresql://{s}@127.0.0.1:1/db?password={s}&PASSWORD=x{s}",
+        "postgresql://u@127.0.0.1:1/db?listen_url=postgresql%3A%2F%2Fu%3A{s}%40127.0.0.1%3A1%2Fdb",
+        "http://:{s}@127.0.0.1:1",
+        "https://{s}@127.0.0.1:1/base",
+    ],
+)
+def test_a_store_that_cannot_be_reached_shows_no_secret(template: str) -> None:
+    """The drivers' own connection errors (redis-py, psycopg, httpx), in our message, in the
+    exception chained below it and on the command line's error line."""
+    core = secrets.token_hex(10)
+    url = template.format(s=f"S3c{core}")
+    with pytest.raises(TurnstileError) as info:
+        turnstile.connect(url).close()
+    exc = info.value
+    shown = [str(exc), repr(exc), repr(exc.args), "".join(traceback.format_exception(exc))]
+    for env in ({}, {"TURNSTILE_URL": url}):
+        result = run("status", *([] if env else ["--url", url]), env=env)
+        assert result.returncode in (69, 78), result.stderr
+        shown += [result.stdout, result.stderr]
+    text = "\n".join(shown)
+    assert core not in text, text
+    assert "127.0.0.1" in text  # the store was named, without its secret
