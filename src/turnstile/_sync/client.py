@@ -210,9 +210,10 @@ def _key_getter(
 
 
 def connect(url: str | None = None, **options: Any) -> Client:
-    """Open a client for ``url`` (default: ``$TURNSTILE_URL``, else
-    ``sqlite:///turnstile.db``). Fails at once, naming the fix, on an unknown scheme, a
-    missing optional driver or an unreachable server."""
+    """Open a client for ``url`` (default: ``$TURNSTILE_URL``, else one SQLite file per
+    user and host, ``$XDG_STATE_HOME/turnstile/turnstile.db``; an empty URL is refused).
+    Fails at once, naming the fix, on an unknown scheme, a missing optional driver or an
+    unreachable server."""
     url = urls.resolve_url(url)
     entry, parts = urls.split(url)
     try:
