@@ -204,3 +204,9 @@ def test_sqlite_paths() -> None:
     assert parse_path("/./x.db") == "./x.db"
     with pytest.raises(ConfigurationError, match="memory://"):
         parse_path("/:memory:")
+
+
+def test_ordinary_parameters_stay_readable() -> None:
+    assert urls.scrub("queue 'q': key=order:42 is held", []) == "queue 'q': key=order:42 is held"
+    shown = "redis://h/0?prefix=app:&socket_timeout=3"
+    assert urls.redact(shown) == shown

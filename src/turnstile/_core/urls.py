@@ -105,7 +105,8 @@ def resolve_url(url: str | None) -> str:
 # -- secrets ------------------------------------------------------------------------------
 
 # Query (or libpq keyword) parameters whose value is a secret, compared case-insensitively,
-# plus any parameter whose name contains one of SECRET_WORDS.
+# plus any parameter whose name contains one of SECRET_WORDS. Not "key": a queue's key is
+# no secret, and messages about it must stay readable.
 SECRET_PARAMS = frozenset(
     {
         "password",
@@ -122,7 +123,6 @@ SECRET_PARAMS = frozenset(
         "client_secret",
         "api_key",
         "apikey",
-        "key",
         "auth",
         "authorization",
         "credentials",
