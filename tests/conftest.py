@@ -21,6 +21,21 @@ class BackendUnderTest:
     row: BackendRow
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The default store lives in $XDG_STATE_HOME: no test (nor a command it starts) may
+    touch the user's real one."""
+    previous = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = previous
+
+
 def _params() -> list[object]:
     return [
         pytest.param(row, id=row.name, marks=getattr(pytest.mark, row.name)) for row in BACKENDS

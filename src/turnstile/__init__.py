@@ -1,7 +1,7 @@
 """Turnstile: fair leased locks, semaphores and keyed FIFO queues for stateless workers.
 
     import turnstile
-    client = turnstile.connect()                 # $TURNSTILE_URL, else sqlite:///turnstile.db
+    client = turnstile.connect()                 # $TURNSTILE_URL, else the default file
     with client.lock("order:42", ttl=30).acquire(timeout=60) as lease:
         ...                                       # lease.token fences writes; auto-renewed
 
@@ -75,9 +75,11 @@ __all__ = [
 
 def connect(url: str | None = None, **options: Any) -> Client:
     """Open a client for ``url``: ``memory://``, ``sqlite:///path``, ``redis://…``,
-    ``redis+cluster://…``, ``postgresql://…``. Without a URL: ``$TURNSTILE_URL``, else
-    ``sqlite:///turnstile.db``. Fails at once, naming the fix, on an unknown scheme, a missing
-    optional driver or an unreachable server."""
+    ``redis+cluster://…``, ``postgresql://…``. Without a URL: ``$TURNSTILE_URL``, else one
+    SQLite file per user and host (``$XDG_STATE_HOME/turnstile/turnstile.db``, by default
+    ``~/.local/state/turnstile/turnstile.db``); an empty URL is refused. Fails at once,
+    naming the fix, on an unknown scheme, a missing optional driver or an unreachable
+    server."""
     return _connect(url, **options)
 
 

@@ -110,7 +110,7 @@ def test_command_sees_name_holder_and_increasing_tokens(url: str) -> None:
     assert env1["TURNSTILE_HOLDER"] == "me"
     assert env1["TURNSTILE_LIMIT"] == "1" and env2["TURNSTILE_LIMIT"] == "3"
     assert env2["TURNSTILE_HOLDER"] != "me"  # default: host/pid/random
-    assert int(env2["TURNSTILE_TOKEN"]) > int(env1["TURNSTILE_TOKEN"]) > 0
+    assert int(env2["TURNSTILE_FENCING_TOKEN"]) > int(env1["TURNSTILE_FENCING_TOKEN"]) > 0
     assert "TURNSTILE_URL" not in env1  # the URL (maybe with a password) is not handed down
 
 
@@ -152,7 +152,8 @@ start = time.time()
 time.sleep(float(sys.argv[2]))
 end = time.time()
 with open(out, "a") as f:
-    f.write(f"{start} {end} {os.environ['TURNSTILE_TOKEN']} {os.environ['TURNSTILE_HOLDER']}\\n")
+    token, holder = os.environ["TURNSTILE_FENCING_TOKEN"], os.environ["TURNSTILE_HOLDER"]
+    f.write(f"{start} {end} {token} {holder}\\n")
 """
 
 
@@ -340,7 +341,7 @@ def test_paused_past_its_ttl_the_holder_learns_it_lost(url: str, tmp_path: Path)
     """SIGSTOP the turnstile process past its ttl: another run gets the lock with a larger
     token; after SIGCONT the paused one reports the loss and stops its command."""
     marker = tmp_path / "got"
-    show = py("import os; print(os.environ['TURNSTILE_TOKEN'])")
+    show = py("import os; print(os.environ['TURNSTILE_FENCING_TOKEN'])")
     paused = _holding(url, "pause", "--ttl", "0.5", child=[*py(TRAPPING_CHILD), str(marker)])
     first_token = turnstile.connect(url).status("pause").holders[0].token
     paused.send_signal(signal.SIGSTOP)
@@ -411,7 +412,7 @@ def test_unknown_url_scheme() -> None:
     assert result.returncode == 78
     assert result.stderr.startswith("turnstile: error: unsupported URL scheme 'foo://'")
     assert "supported schemes: memory://, sqlite://" in result.stderr
-    assert "s3cret" not in result.stderr and "user:***@host" in result.stderr
+    assert "s3cret" not in result.stderr and "foo://***@host" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 
@@ -445,10 +446,14 @@ def test_url_comes_from_the_environment_then_the_default(url: str, tmp_path: Pat
     finally:
         holding.send_signal(signal.SIGTERM)
         holding.wait(timeout=10)
-    # Neither --url nor $TURNSTILE_URL: sqlite:///turnstile.db in the working directory.
-    result = run("run", "--lock", "x", "--", "true", cwd=tmp_path)
+    # Neither --url nor $TURNSTILE_URL: one file in the XDG state directory, not in the cwd.
+    state = tmp_path / "state"
+    result = run(
+        "run", "--lock", "x", "--", "true", cwd=tmp_path, env={"XDG_STATE_HOME": str(state)}
+    )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "turnstile.db").exists()
+    assert (state / "turnstile" / "turnstile.db").exists()
+    assert not (tmp_path / "turnstile.db").exists()
 
 
 def test_memory_url_warns_that_nothing_is_shared() -> None:
@@ -469,7 +474,7 @@ def test_help_lists_every_command_and_the_exit_codes() -> None:
     for text in ("run", "status", "demo", "75", "79"):
         assert text in result.stdout
     run_help = run("run", "--help")
-    assert "TURNSTILE_TOKEN" in run_help.stdout and "--timeout-exit-code" in run_help.stdout
+    assert "TURNSTILE_FENCING_TOKEN" in run_help.stdout and "--timeout-exit-code" in run_help.stdout
 
 
 def test_python_dash_m_and_the_console_script_agree() -> None:

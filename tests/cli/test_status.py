@@ -25,7 +25,10 @@ def _hold(url: str, name: str, holder: str) -> tuple[subprocess.Popen[str], int]
         "--holder",
         holder,
         "--",
-        *py("import os, time; print(os.environ['TURNSTILE_TOKEN'], flush=True); time.sleep(60)"),
+        *py(
+            "import os, time; print(os.environ['TURNSTILE_FENCING_TOKEN'], flush=True); "
+            "time.sleep(60)"
+        ),
     )
     assert proc.stdout is not None
     token = proc.stdout.readline().strip()
@@ -108,7 +111,7 @@ def test_status_of_nothing(url: str) -> None:
     empty = run("status", "--url", url)
     assert empty.returncode == 0
     assert empty.stdout.strip() == (
-        "no names have holders or waiters\nstore: schema version 2, up to date"
+        f"no names have holders or waiters (store: {url})\nstore: schema version 2, up to date"
     )
     data = json.loads(run("status", "--url", url, "--json").stdout)
     assert data["names"] == []

@@ -218,9 +218,10 @@ def _key_getter(
 
 
 async def connect(url: str | None = None, **options: Any) -> AsyncClient:
-    """Open a client for ``url`` (default: ``$TURNSTILE_URL``, else
-    ``sqlite:///turnstile.db``). Fails at once, naming the fix, on an unknown scheme, a
-    missing optional driver or an unreachable server."""
+    """Open a client for ``url`` (default: ``$TURNSTILE_URL``, else one SQLite file per
+    user and host, ``$XDG_STATE_HOME/turnstile/turnstile.db``; an empty URL is refused).
+    Fails at once, naming the fix, on an unknown scheme, a missing optional driver or an
+    unreachable server."""
     url = urls.resolve_url(url)
     entry, parts = urls.split(url)
     try:
@@ -231,9 +232,14 @@ async def connect(url: str | None = None, **options: Any) -> AsyncClient:
                 f"the {entry.description} backend is not available in this release"
             ) from None
         raise urls.missing_driver(entry, exc) from None
-    if options:
-        backend = await module.open_backend(url, parts, **options)
-    else:
-        backend = await module.open_backend(url, parts)
+    try:
+        if options:
+            backend = await module.open_backend(url, parts, **options)
+        else:
+            backend = await module.open_backend(url, parts)
+    except Exception as exc:
+        # The driver's error, chained below ours, may quote the URL's secrets.
+        urls.scrub_exception(exc, urls.secrets_in(url))
+        raise
     client = AsyncClient(backend, url)
     return client

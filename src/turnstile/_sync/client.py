@@ -219,9 +219,10 @@ def _key_getter(
 
 
 def connect(url: str | None = None, **options: Any) -> Client:
-    """Open a client for ``url`` (default: ``$TURNSTILE_URL``, else
-    ``sqlite:///turnstile.db``). Fails at once, naming the fix, on an unknown scheme, a
-    missing optional driver or an unreachable server."""
+    """Open a client for ``url`` (default: ``$TURNSTILE_URL``, else one SQLite file per
+    user and host, ``$XDG_STATE_HOME/turnstile/turnstile.db``; an empty URL is refused).
+    Fails at once, naming the fix, on an unknown scheme, a missing optional driver or an
+    unreachable server."""
     url = urls.resolve_url(url)
     entry, parts = urls.split(url)
     try:
@@ -232,9 +233,14 @@ def connect(url: str | None = None, **options: Any) -> Client:
                 f"the {entry.description} backend is not available in this release"
             ) from None
         raise urls.missing_driver(entry, exc) from None
-    if options:
-        backend = module.open_backend(url, parts, **options)
-    else:
-        backend = module.open_backend(url, parts)
+    try:
+        if options:
+            backend = module.open_backend(url, parts, **options)
+        else:
+            backend = module.open_backend(url, parts)
+    except Exception as exc:
+        # The driver's error, chained below ours, may quote the URL's secrets.
+        urls.scrub_exception(exc, urls.secrets_in(url))
+        raise
     client = Client(backend, url)
     return client

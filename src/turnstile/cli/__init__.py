@@ -62,9 +62,11 @@ Fair leased locks and semaphores shared by every process that uses the same stor
 """
 
 EPILOG = """\
+store: --url, else $TURNSTILE_URL, else one SQLite file per user and host:
+  {default}
 exit codes: 0 ok; 2 bad arguments; 69 store unavailable; 75 timed out waiting;
-78 configuration (URL scheme, missing driver); 79 lease lost while CMD ran;
-run passes CMD's own exit code through. See docs/cli.md.
+78 configuration (bad or empty URL, missing driver, not a database); 79 lease lost while
+CMD ran; run passes CMD's own exit code through. See docs/cli.md.
 """
 
 
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _support.ArgumentParser(
         prog="turnstile",
         description=DESCRIPTION,
-        epilog=EPILOG,
+        epilog=EPILOG.format(default=_support.default_store()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"turnstile {__version__}")
@@ -105,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _support.error(f"choose a command: {', '.join(COMMANDS)} (see: turnstile --help)")
         return EXIT_USAGE
     secrets = _support.secrets_of(_support.given_url(args)) + _support.env_url_secrets()
+    _support.set_secrets(secrets)
     try:
         return handler(args)
     except InvalidArgument as exc:

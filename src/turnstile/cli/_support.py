@@ -13,11 +13,10 @@ import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, NoReturn
-from urllib.parse import quote, unquote, urlsplit
 
 from .. import Client
 from .._core import urls, validate
-from ..errors import InvalidArgument
+from ..errors import ConfigurationError, InvalidArgument
 
 # Exit codes (docs/cli.md lists them; keep both in step).
 EXIT_OK = 0
@@ -32,10 +31,24 @@ EXIT_CANNOT_EXECUTE = 126  # run: CMD exists but cannot be executed
 EXIT_NOT_FOUND = 127  # run: CMD not found
 EXIT_SIGNAL_BASE = 128  # killed by signal N: 128 + N (like a shell)
 
-URL_HELP = (
-    "store URL: memory://, sqlite:///path, redis://…, postgresql://… "
-    f"(default: ${urls.ENV_VAR}, else {urls.DEFAULT_URL})"
-)
+
+
+def default_store() -> str:
+    """Where the default store is, for help texts: the path on this host if it can be
+    told, else how it is found."""
+    try:
+        return urls.default_url()
+    except ConfigurationError:
+        return f"sqlite:///{urls.DEFAULT_DESCRIPTION}"
+
+
+def url_help() -> str:
+    return (
+        "store URL: memory://, sqlite:///path, redis://…, postgresql://…, http://… "
+        f"(default: ${urls.ENV_VAR}, else one SQLite file per user and host, here "
+        f"{default_store()})"
+    )
+
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -81,7 +94,7 @@ def command_parser(
 
 def add_url_option(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subcommand's parser must not overwrite `turnstile --url X <command>`.
-    parser.add_argument("--url", metavar="URL", default=argparse.SUPPRESS, help=URL_HELP)
+    parser.add_argument("--url", metavar="URL", default=argparse.SUPPRESS, help=url_help())
 
 
 def given_url(args: argparse.Namespace) -> str | None:
@@ -280,28 +293,21 @@ def duration(seconds: float) -> str:
 
 
 def secrets_of(url: str | None) -> list[str]:
-    """The password in ``url``, as written and decoded, to scrub from any message."""
-    if not url:
-        return []
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return []
-    if not password:
-        return []
-    return sorted({password, unquote(password), quote(unquote(password), safe="")}, key=len)[::-1]
+    """Every secret in ``url`` (password, token, ``?password=``…), to scrub from messages."""
+    return urls.secrets_in(url)
 
 
-def scrub(message: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        if secret:
-            message = message.replace(secret, "***")
-    return message
+# Secrets of the URLs this command was given (set by main): scrubbed from every message.
+SECRETS: list[str] = []
+
+
+def set_secrets(secrets: list[str]) -> None:
+    SECRETS[:] = secrets
 
 
 def error(message: str, secrets: list[str] | None = None) -> None:
     """One line on stderr: ``turnstile: error: …`` (never a traceback, never a password)."""
-    line = scrub(message, secrets or []).replace("\n", " ").strip()
+    line = urls.scrub(message, [*SECRETS, *(secrets or [])]).replace("\n", " ").strip()
     print(f"turnstile: error: {line}", file=sys.stderr, flush=True)
 
 
@@ -318,7 +324,7 @@ def print_json(data: Any) -> None:
 
 
 def note(message: str) -> None:
-    print(f"turnstile: {message}", file=sys.stderr, flush=True)
+    print(f"turnstile: {urls.scrub(message, SECRETS)}", file=sys.stderr, flush=True)
 
 
 def quiet_library_logs() -> None:
@@ -328,9 +334,17 @@ def quiet_library_logs() -> None:
     logging.getLogger("turnstile").addHandler(logging.NullHandler())
 
 
+class ScrubbingFormatter(logging.Formatter):
+    """A formatter that blots out the secrets of the command's URLs (:data:`SECRETS`) and any
+    ``password=…``-like pair, whatever a library or driver logged."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return urls.scrub(super().format(record), SECRETS)
+
+
 def log_to_stderr(level: int = logging.WARNING) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("turnstile: %(message)s"))
+    handler.setFormatter(ScrubbingFormatter("turnstile: %(message)s"))
     logger = logging.getLogger("turnstile")
     logger.addHandler(handler)
     logger.setLevel(level)

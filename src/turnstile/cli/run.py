@@ -38,13 +38,19 @@ examples:
   turnstile run --lock nightly --timeout 0 -- ./job || echo busy   # skip if running
   turnstile run --semaphore shared-db --limit 5 --timeout 300 -- ./migrate-tenant 42
 
-CMD sees TURNSTILE_NAME, TURNSTILE_HOLDER, TURNSTILE_TOKEN (fencing token: larger for every
-later grant on the name) and TURNSTILE_LIMIT in its environment.
+CMD sees TURNSTILE_NAME, TURNSTILE_HOLDER, TURNSTILE_FENCING_TOKEN (larger for every later
+grant on the name) and TURNSTILE_LIMIT in its environment; TURNSTILE_TOKEN (the HTTP
+service's bearer token) and TURNSTILE_URL are passed on as turnstile got them.
+
+Without --url or $TURNSTILE_URL the store is one SQLite file per user and host, whatever the
+working directory: $XDG_STATE_HOME/turnstile/turnstile.db (default
+~/.local/state/turnstile/turnstile.db).
 
 exit codes: CMD's own exit code (128+N if CMD was killed by signal N); 75 not granted within
 --timeout (--timeout-exit-code); 79 the lease was lost while CMD ran (--lost-exit-code);
 126 CMD cannot be executed; 127 CMD not found; 2 bad arguments; 69 store unavailable;
-78 bad URL or missing driver; 128+N turnstile itself stopped by signal N while waiting.
+78 configuration (bad or empty URL, missing driver, not a database); 128+N turnstile
+itself stopped by signal N while waiting.
 """
 
 # Forwarded to CMD once it runs. While waiting in line only the first three are handled.
@@ -211,7 +217,7 @@ def run_command(args: argparse.Namespace) -> int:
                 env.update(
                     TURNSTILE_NAME=name,
                     TURNSTILE_HOLDER=holder,
-                    TURNSTILE_TOKEN=str(lease.token),
+                    TURNSTILE_FENCING_TOKEN=str(lease.token),
                     TURNSTILE_LIMIT=str(limit),
                 )
                 return _Supervisor(lease, command, env, args, shown, alarm).run()

@@ -17,6 +17,10 @@ examples:
   turnstile status --prefix order:     # names starting with order:
   turnstile status deploy --json | jq '.holders[0].token'
 
+Without --url or $TURNSTILE_URL the store is one SQLite file per user and host:
+$XDG_STATE_HOME/turnstile/turnstile.db (default ~/.local/state/turnstile/turnstile.db);
+the listing ends with the store it looked at.
+
 Times come from the store's clock: age = since the grant, expires in = until the lease
 lapses unless renewed, waiting = since the waiter first asked.
 --json prints one object for NAME, else {"url": …, "names": [object, …], "truncated": bool,
@@ -78,16 +82,16 @@ def status_command(args: argparse.Namespace) -> int:
         )
         return _support.EXIT_OK
     footer = "" if schema is None else f"\nstore: {schema.summary()}"
+    store = f"(store: {_support.printable(redact(_support.resolved_url(args)))})"
     if not statuses:
-        where = f" starting with {args.prefix!r}" if args.prefix else ""
-        print(f"no names{where} have holders or waiters{footer}")
+        where = f" starting with {_support.printable(args.prefix)!r}" if args.prefix else ""
+        print(f"no names{where} have holders or waiters {store}{footer}")
         return _support.EXIT_OK
     blocks = ["\n".join(render(s)) for s in statuses]
     print("\n\n".join(blocks))
     if truncated:
         print(f"\n(only the first {MAX_NAMES} names are shown; narrow them with --prefix)")
-    if footer:
-        print(footer)
+    print(f"\n{store}{footer}")
     return _support.EXIT_OK
 
 

@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._core.urls import redact, resolve_url
+from .._core.urls import (
+    DEFAULT_DESCRIPTION,
+    default_url,
+    redact,
+    resolve_url,
+    scrub,
+    secrets_in,
+)
 from ..errors import ConfigurationError, TurnstileError
 from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, DEFAULT_OBSERVE_INTERVAL
 
@@ -48,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--url",
             default=None,
-            help="store URL (default: $TURNSTILE_URL, else sqlite:///turnstile.db)",
+            help="store URL (default: $TURNSTILE_URL, else one SQLite file per user and "
+            f"host: {_default_store()})",
         )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
@@ -120,9 +128,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _default_store() -> str:
+    try:
+        return default_url()
+    except ConfigurationError:
+        return f"sqlite:///{DEFAULT_DESCRIPTION}"
+
+
+# The secrets of the store URL being served: blotted out of every message and log line.
+_SECRETS: list[str] = []
+
+
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"turnstile serve: error: {message}", file=sys.stderr)  # like every command
+    print(f"turnstile serve: error: {scrub(message, _SECRETS)}", file=sys.stderr)
     return code
+
+
+class _ScrubbingFormatter(logging.Formatter):
+    """Wraps a handler's formatter: what it writes, with the store URL's secrets blotted
+    out (a traceback or a driver's message may quote them)."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(self.inner.format(record), _SECRETS)
+
+
+def _scrub_logs(*names: str) -> None:
+    for name in names:
+        for handler in logging.getLogger(name or None).handlers:
+            if not isinstance(handler.formatter, _ScrubbingFormatter):
+                handler.setFormatter(_ScrubbingFormatter(handler.formatter))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -153,6 +191,11 @@ def run(args: argparse.Namespace) -> int:
             EXIT_CONFIG,
         )
     try:
+        url = resolve_url(getattr(args, "url", None))
+    except ConfigurationError as exc:
+        return _fail(str(exc), EXIT_CONFIG)
+    _SECRETS[:] = secrets_in(url)
+    try:
         tokens = TokenTable.load(args.tokens)
     except ConfigurationError as exc:
         return _fail(str(exc), EXIT_CONFIG)
@@ -176,7 +219,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except TurnstileError as exc:
         return _fail(str(exc))
-    url = resolve_url(getattr(args, "url", None))
 
     async def main() -> int:
         try:
@@ -217,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
                 forwarded_allow_ips=args.forwarded_allow_ips,
             )
         )
+        _scrub_logs("", "uvicorn", "uvicorn.error", "uvicorn.access")  # configured just now
 
         async def watch() -> None:
             while not server.started:
@@ -251,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    _scrub_logs("")
     return asyncio.run(main())
 
 

@@ -17,7 +17,7 @@ DEFAULT_OBSERVE_INTERVAL = 2.0
 class ServerConfig:
     """How one instance serves. ``url`` names the store (default ``$TURNSTILE_URL``)."""
 
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # may hold a password: never shown
     tokens: TokenTable = field(default_factory=TokenTable)
     max_wait: float = DEFAULT_MAX_WAIT  # longest long poll (acquire ``wait``, queue get)
     max_body: int = DEFAULT_MAX_BODY  # bytes

@@ -210,9 +210,19 @@ def test_closed_store_raises_backend_unavailable(tmp_path: Path) -> None:
             call()
 
 
-def test_unopenable_file_is_backend_unavailable(tmp_path: Path) -> None:
-    with pytest.raises(BackendUnavailable) as info:
-        SQLiteStore(str(tmp_path / "no-such-dir" / "x.db"))
+def test_a_path_in_a_missing_folder_is_a_configuration_error(tmp_path: Path) -> None:
+    # Retrying cannot help (issue 17): ConfigurationError naming the path, folder not made.
+    path = str(tmp_path / "no-such-dir" / "x.db")
+    with pytest.raises(ConfigurationError, match=r"no-such-dir/x\.db"):
+        SQLiteStore(path)
+    assert not (tmp_path / "no-such-dir").exists()
+
+
+def test_a_file_that_is_not_a_database_is_a_configuration_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    path.write_bytes(b"not a database, not at all\n" * 200)
+    with pytest.raises(ConfigurationError, match="is not a SQLite database") as info:
+        SQLiteStore(str(path))
     assert isinstance(info.value.__cause__, sqlite3.Error)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from urllib.parse import (
     SplitResult,
@@ -36,6 +36,7 @@ from urllib.parse import (
 
 import psycopg
 
+from ..._core import urls
 from ..._core.urls import redact
 from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 
@@ -193,33 +194,20 @@ def wake_key(name: str, waiter: str, *, queue: bool = False) -> str:
 
 
 # -- URL ------------------------------------------------------------------------------------
-def _display_query(query: str) -> str:
-    """A query string safe to print: passwords (also inside listen_url) replaced."""
-    shown = []
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        if key == "password":
-            value = "***"
-        elif key == "listen_url":
-            try:
-                inner = urlsplit(redact(value))
-                value = urlunsplit(inner._replace(query=_display_query(inner.query)))
-            except ValueError:
-                value = "<unparseable url>"
-        shown.append(f"{key}={value}")
-    return "&".join(shown)
-
-
 @dataclass(frozen=True)
 class PostgresConfig:
-    conninfo: str  # for psycopg: Turnstile's parameters removed, defaults added
-    listen_conninfo: str | None  # the LISTEN connection; None: no LISTEN, waiters poll
+    # for psycopg: Turnstile's parameters removed, defaults added (may hold the password:
+    # never shown, not even in repr)
+    conninfo: str = field(repr=False)
+    # the LISTEN connection; None: no LISTEN, waiters poll
+    listen_conninfo: str | None = field(repr=False)
     schema: str
     pool_min: int
     pool_max: int
     retry_timeout: float
     connect_timeout: float
     display: str  # the URL with its password replaced, safe to print
-    secrets: tuple[str, ...]  # strings never to print (passwords)
+    secrets: tuple[str, ...] = field(repr=False)  # strings never to print (passwords)
 
     @property
     def channel(self) -> str:
@@ -229,9 +217,7 @@ class PostgresConfig:
         return render(QUERIES[name], self.schema)
 
     def scrub(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
+        return urls.scrub(text, self.secrets)
 
 
 def _int_param(params: dict[str, str], key: str, default: int, low: int, high: int) -> int:
@@ -295,8 +281,7 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
         }
         if s
     )
-    if parts.query:
-        display = urlunsplit(urlsplit(display)._replace(query=_display_query(parts.query)))
+    secrets = tuple({*secrets, *urls.secrets_in(url)})
     schema = ours.get("schema", DEFAULT_SCHEMA)
     size = len(schema.encode("utf-8", "surrogatepass"))
     if not 1 <= size <= MAX_IDENTIFIER_BYTES or "\0" in schema:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlunsplit
 
-from ..._core.urls import redact
+from ..._core.urls import redact, secrets_in
 from ...errors import ConfigurationError
 
 DEFAULT_PREFIX = "turnstile:"
@@ -19,6 +19,8 @@ DEFAULT_SOCKET_TIMEOUT = 10.0
 # A waiter blocks at most this long in one BLPOP (then blocks again), so the blocking
 # connection's socket timeout can stay bounded (a dead server is noticed).
 MAX_BLOCK = 5.0
+# Redis keeps its database count in a signed int (`databases`): no index can be larger.
+MAX_DB = 2**31 - 2
 
 # Query parameters passed on to redis-py, with their parsers.
 _FLOAT = "float"
@@ -43,14 +45,17 @@ QUERY_OPTIONS: dict[str, str] = {
 @dataclass(frozen=True)
 class RedisConfig:
     cluster: bool
-    url: str  # redis:// or rediss:// URL for redis-py (first node for a cluster), no options
+    # redis:// or rediss:// URL for redis-py (first node for a cluster), no options; it may
+    # hold the password, so it is never shown
+    url: str = field(repr=False)
     shown: str  # the URL as the user gave it, password redacted, for messages
     prefix: str
     options: dict[str, Any] = field(default_factory=dict)
     startup_nodes: tuple[tuple[str, int], ...] = ()
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never shown
     ssl: bool = False
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # every form, to scrub
 
     def blocking_options(self) -> dict[str, Any]:
         """Options for the connection(s) that block in BLPOP: their socket timeout must
@@ -149,12 +154,15 @@ def parse_url(url: str, parts: SplitResult) -> RedisConfig:
     if not cluster and path.strip("/"):
         try:
             db = int(path.strip("/"))
-            if db < 0:
-                raise ValueError
         except ValueError:
             raise ConfigurationError(
                 f"the path of {shown!r} must be a database number like /0"
             ) from None
+        if not 0 <= db <= MAX_DB:
+            raise ConfigurationError(
+                f"Redis database index {db} in {shown!r} is out of range: it must be 0 to "
+                f"the server's `databases` setting minus 1 (0 to 15 by default)"
+            )
     first_host, first_port = nodes[0]
     host_text = f"[{first_host}]" if ":" in first_host else first_host
     base_netloc = f"{host_text}:{first_port}"
@@ -171,6 +179,7 @@ def parse_url(url: str, parts: SplitResult) -> RedisConfig:
         username=username,
         password=password,
         ssl=ssl,
+        secrets=tuple(secrets_in(url)),
     )
 
 

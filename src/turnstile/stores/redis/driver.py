@@ -9,6 +9,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from ..._core.urls import scrub
 from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 from .config import RedisConfig
 
@@ -18,12 +19,10 @@ DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
 
 
 def safe_message(exc: BaseException, config: RedisConfig) -> str:
-    """A driver error's text, with the password (if any) blotted out, and without a final
+    """A driver error's text, with every secret of the URL blotted out, and without a final
     full stop: it is quoted mid-sentence ("…: Connection refused; check …")."""
     text = str(exc).strip().rstrip(".") or type(exc).__name__
-    if config.password:
-        text = text.replace(config.password, "***")
-    return text
+    return scrub(text, [*config.secrets, *([config.password] if config.password else [])])
 
 
 def unavailable(config: RedisConfig, what: str, exc: BaseException) -> BackendUnavailable:
@@ -44,6 +43,11 @@ def connect_error(config: RedisConfig, exc: BaseException) -> TurnstileError:
     if "not enabled" in message.lower() or "cluster support disabled" in message.lower():
         return ConfigurationError(
             f"{config.shown} is not a Redis Cluster ({message}); use redis:// instead"
+        )
+    if "DB index is out of range" in message or "invalid DB index" in message:
+        return ConfigurationError(
+            f"Redis at {config.shown} has no such database ({message}); use a database "
+            "number below the server's `databases` setting (16 by default: /0 to /15)"
         )
     if isinstance(exc, ResponseError):
         return BackendUnavailable(f"Redis at {config.shown} answered: {message}")

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TypeVar
 
-from ..._core import forks, lock_machine
+from ..._core import forks, lock_machine, urls
 from ..._core.records import AcquireResult, Grant, Status
-from ...errors import BackendUnavailable, ConfigurationError
+from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 
 T = TypeVar("T")
 
@@ -74,6 +74,7 @@ class SQLiteStore:
         self._all_lock = threading.Lock()
         self._closed = False
         self._forks = forks.generation()
+        prepare_file(path)
         real = os.path.realpath(path)
         # Identifies this database file; seeds the wake-up addresses of its waiters.
         self.identity = hashlib.sha256(real.encode("utf-8", "surrogatepass")).digest()
@@ -98,11 +99,24 @@ class SQLiteStore:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as exc:
-            raise BackendUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            raise self._error(exc, "cannot open SQLite database") from exc
         self._local.conn = conn
         with self._all_lock:
             self._all.append(conn)
         return conn
+
+    def _error(self, exc: sqlite3.Error, what: str = "SQLite error on") -> TurnstileError:
+        """A file that is not a SQLite database is a configuration error (retrying cannot
+        help); anything else means the store is unavailable for now."""
+        if _is_not_a_database(exc):
+            return ConfigurationError(
+                f"{self.path!r} is not a SQLite database ({exc}); give the URL of a Turnstile "
+                "database file, or a path where a new one may be created"
+            )
+        return BackendUnavailable(f"{what} {self.path!r}: {exc}")
 
     def _after_fork(self) -> None:
         """First use in a forked child: the connections copied from the parent are not ours
@@ -150,7 +164,7 @@ class SQLiteStore:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             except sqlite3.Error as exc:
                 if not _is_busy(exc):
-                    raise BackendUnavailable(f"SQLite error on {self.path!r}: {exc}") from exc
+                    raise self._error(exc) from exc
                 if time.monotonic() > deadline:
                     raise BackendUnavailable(
                         f"SQLite database {self.path!r} stayed locked for {BUSY_TIMEOUT:.0f} s"
@@ -166,7 +180,7 @@ class SQLiteStore:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.Error):
-                    raise BackendUnavailable(f"SQLite error on {self.path!r}: {exc}") from exc
+                    raise self._error(exc) from exc
                 raise
 
     def _migrate(self) -> None:
@@ -459,13 +473,55 @@ class WakeChannel:
             self._sender = None
 
 
+def _is_not_a_database(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return bool(code == SQLITE_NOTADB)
+    return "not a database" in str(exc)
+
+
+SQLITE_NOTADB = 26
+
+
+def prepare_file(path: str) -> None:
+    """Before the first connection: the default file (:func:`urls.default_sqlite_path`)
+    gets its folder (mode 0700) and is created with mode 0600, so only its user can take or
+    release its locks; any other path must name a file in a folder that exists (a missing
+    folder is a mistake in the URL: it is not created)."""
+    try:
+        default = urls.default_sqlite_path()
+    except ConfigurationError:  # no home directory: then this is not the default
+        default = None
+    if path == default:
+        folder = os.path.dirname(path)
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ConfigurationError(
+            f"the folder of the SQLite file {path!r} does not exist ({folder!r}); create it "
+            "first, or fix the path in the URL (sqlite:///relative/path.db, "
+            "sqlite:////absolute/path.db)"
+        )
+    if os.path.isdir(path):
+        raise ConfigurationError(
+            f"{path!r} is a folder, not a SQLite file; name a file in it, e.g. "
+            f"sqlite:///{os.path.join(path, urls.DEFAULT_FILE_NAME)}"
+        )
+
+
 def parse_path(path: str) -> str:
     """``sqlite:///rel.db`` -> ``rel.db``; ``sqlite:////abs/x.db`` -> ``/abs/x.db``."""
     if path.startswith("/"):
         path = path[1:]
     if not path:
         raise ConfigurationError(
-            "sqlite URL needs a file path, e.g. sqlite:///turnstile.db or sqlite:////var/lib/t.db"
+            "sqlite URL needs a file path, e.g. sqlite:///./turnstile.db (relative) or "
+            "sqlite:////var/lib/turnstile/turnstile.db (absolute)"
         )
     if path == ":memory:":
         raise ConfigurationError(
