@@ -160,10 +160,14 @@ async def listed(
     (``fetch(store_prefix, max_count)`` once per prefix it may read, plus ``also``): the
     first ``max_count`` in code-point order, and whether there were more."""
     found = set(also)
+    more = False
     for allowed in principal.listing_prefixes(prefix):
-        found.update(await fetch(allowed, max_count + 1))
+        fetched = await fetch(allowed, max_count + 1)
+        more = more or len(fetched) > max_count
+        # The store lists by plain prefix; the token's prefixes match at a separator only.
+        found.update(n for n in fetched if principal.can_read(n))
     names = sorted(found)
-    return names[:max_count], len(names) > max_count
+    return names[:max_count], more or len(names) > max_count
 
 
 async def _gather(coros: list[Coroutine[Any, Any, T]], limit: int) -> list[T]:

@@ -17,9 +17,12 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
 
+from .._core import validate
+from .._core.payload import nesting
 from ..errors import InvalidArgument
 from .errors import ApiError
 
@@ -102,9 +105,34 @@ class Args:
         return self.values.get(key, default)
 
 
+def query_pairs(request: Request) -> list[tuple[str, str]]:
+    """The query string's parameters, decoded strictly: percent-escapes that are not UTF-8
+    are refused (``invalid_argument``) rather than read as U+FFFD, which would make a name
+    other than the one sent."""
+    raw: bytes = request.scope.get("query_string", b"")
+    pairs = []
+    for part in raw.split(b"&"):
+        if not part:
+            continue
+        key, _, value = part.partition(b"=")
+        try:
+            pairs.append((_unquote(key), _unquote(value)))
+        except UnicodeDecodeError:
+            shown = unquote_to_bytes(key.replace(b"+", b" ")).decode("utf-8", "replace")
+            raise InvalidArgument(
+                f"query parameter {shown!r} is not valid UTF-8 once percent-decoded"
+            ) from None
+    return pairs
+
+
+def _unquote(text: bytes) -> str:
+    return unquote_to_bytes(text.replace(b"+", b" ")).decode("utf-8")
+
+
 async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
     """The request's fields, checked against the table (types, required, unknown)."""
-    unknown = sorted(set(request.query_params) - endpoint.query)
+    pairs = query_pairs(request)
+    unknown = sorted({k for k, _ in pairs} - endpoint.query)
     if unknown:
         accepted = sorted(endpoint.query)
         raise InvalidArgument(
@@ -112,7 +140,7 @@ async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
             + (f"; accepted: {', '.join(accepted)}" if accepted else "")
         )
     if request.method == "GET":
-        return Args(_query(request, endpoint), {})
+        return Args(_query(dict(pairs), endpoint), {})
     data = await read_json(request, max_body)
     names = {f.name for f in endpoint.fields}
     unknown = sorted(set(data) - names)
@@ -127,9 +155,17 @@ async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
         if value is None:
             if spec.required:
                 raise InvalidArgument(f"{spec.name} is required")
+            if spec.name in data and not _nullable(spec.schema):
+                # ``null`` stands for "absent" only where the document says the field may
+                # be null; elsewhere it is a value of the wrong type.
+                _typed(spec, value)
             continue
         values[spec.name] = _typed(spec, value)
     return Args(values, data)
+
+
+def _nullable(schema: Schema) -> bool:
+    return "type" not in schema or "null" in _types(schema)
 
 
 def _types(schema: Schema) -> set[str]:
@@ -174,10 +210,10 @@ def _show(bound: float) -> str:
     return str(int(bound))
 
 
-def _query(request: Request, endpoint: Endpoint) -> dict[str, Any]:
+def _query(query: Mapping[str, str], endpoint: Endpoint) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for spec in endpoint.fields:
-        raw = request.query_params.get(spec.name)
+        raw = query.get(spec.name)
         if raw is None:
             if spec.required:
                 raise InvalidArgument(f"{spec.name} is required (a query parameter)")
@@ -192,12 +228,19 @@ def _query(request: Request, endpoint: Endpoint) -> dict[str, Any]:
                 ) from None
             if not low <= number <= high:
                 raise InvalidArgument(
-                    f"{spec.name} must be an integer from {low} to {high}, got {number}"
+                    f"{spec.name} must be an integer from {low} to {high}, "
+                    f"got {validate.shown(number)}"
                 )
             values[spec.name] = number
         else:
             values[spec.name] = raw
     return values
+
+
+_TOO_DEEP = (
+    f"the body nests arrays and objects too deeply: a field's value may nest at most "
+    f"{validate.MAX_PAYLOAD_DEPTH} levels"
+)
 
 
 def _reject_constant(value: str) -> Any:
@@ -227,9 +270,13 @@ async def read_json(request: Request, max_body: int) -> dict[str, Any]:
         chunks.append(chunk)
     try:
         data = json.loads(b"".join(chunks), parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise InvalidArgument(_TOO_DEEP) from None
+    except ValueError as exc:
         message = str(exc) if isinstance(exc, json.JSONDecodeError) else "not valid JSON"
         raise ApiError("bad_json", f"the body is not valid JSON: {message}") from None
+    if nesting(data) > validate.MAX_PAYLOAD_DEPTH + 1:  # the body object, then its fields
+        raise InvalidArgument(_TOO_DEEP)
     if not isinstance(data, dict):
         raise InvalidArgument(f"the body must be a JSON object, got {json_type(data)}")
     return data
