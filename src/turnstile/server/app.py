@@ -219,7 +219,10 @@ def _serve(service: Service, endpoint: Endpoint) -> Handler:
         try:
             if endpoint.authenticated:
                 principal = service.authenticate(request)
-                args = await parse(request, endpoint, service.config.max_body)
+                args = await parse(
+                    request, endpoint, service.config.max_body,
+                    body_timeout=service.config.body_timeout, budget=service.bodies,
+                )
             else:  # a probe: answers whoever asks, whatever the query says
                 principal, args = _PROBE, Args({}, {})
             result = await endpoint.handler(Ctx(request, service, principal, args))

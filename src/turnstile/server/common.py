@@ -21,6 +21,7 @@ from ..errors import NotSupported
 from .auth import Principal, bearer, is_loopback_host_header
 from .config import ServerConfig
 from .errors import ApiError
+from .limits import BodyBudget
 from .metrics import Metrics
 from .observe import EventLog, Tracker
 from .table import Args
@@ -39,6 +40,7 @@ class Service:
         self._client = client
         self._own_client = client is None
         self.metrics = Metrics()
+        self.bodies = BodyBudget(config.max_body_memory)  # bytes of bodies being read
         self.events = EventLog(config.event_capacity)
         self.tracker = Tracker(self.events, self.metrics)
         self.started = time.time()

@@ -13,6 +13,7 @@ parameters, which are parsed from text against their documented bounds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from .errors import ApiError
 
 if TYPE_CHECKING:
     from .common import Ctx
+    from .limits import BodyBudget
 
 Schema = dict[str, Any]
 Handler = Callable[["Ctx"], Awaitable[Any]]
@@ -74,7 +76,7 @@ class Endpoint:
 
 
 AUTH_ERRORS = (401, 403)
-BODY_ERRORS = (400, 413, 415, 422)
+BODY_ERRORS = (400, 408, 413, 415, 422)
 STORE_ERRORS = (503,)
 
 
@@ -129,7 +131,14 @@ def _unquote(text: bytes) -> str:
     return unquote_to_bytes(text.replace(b"+", b" ")).decode("utf-8")
 
 
-async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
+async def parse(
+    request: Request,
+    endpoint: Endpoint,
+    max_body: int,
+    *,
+    body_timeout: float | None = None,
+    budget: BodyBudget | None = None,
+) -> Args:
     """The request's fields, checked against the table (types, required, unknown)."""
     pairs = query_pairs(request)
     unknown = sorted({k for k, _ in pairs} - endpoint.query)
@@ -141,7 +150,7 @@ async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
         )
     if request.method == "GET":
         return Args(_query(dict(pairs), endpoint), {})
-    data = await read_json(request, max_body)
+    data = await read_json(request, max_body, body_timeout=body_timeout, budget=budget)
     names = {f.name for f in endpoint.fields}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -153,12 +162,12 @@ async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
     for spec in endpoint.fields:
         value = data.get(spec.name)
         if value is None:
-            if spec.required:
-                raise InvalidArgument(f"{spec.name} is required")
             if spec.name in data and not _nullable(spec.schema):
                 # ``null`` stands for "absent" only where the document says the field may
                 # be null; elsewhere it is a value of the wrong type.
                 _typed(spec, value)
+            if spec.required:
+                raise InvalidArgument(f"{spec.name} is required")
             continue
         values[spec.name] = _typed(spec, value)
     return Args(values, data)
@@ -193,7 +202,7 @@ def _typed(spec: Field, value: Any) -> Any:
     if any(checks[t](value) for t in types):
         return value
     if types == {"boolean"}:
-        raise InvalidArgument(f"{spec.name} must be true or false")
+        raise InvalidArgument(f"{spec.name} must be true or false, got {json_type(value)}")
     wanted = " or ".join(
         {"string": "a string", "number": "a number", "integer": "an integer",
          "boolean": "true or false", "array": "an array"}[t]
@@ -247,8 +256,15 @@ def _reject_constant(value: str) -> Any:
     raise ValueError(f"{value} is not valid JSON")
 
 
-async def read_json(request: Request, max_body: int) -> dict[str, Any]:
-    """The body as a JSON object, read up to ``max_body`` bytes."""
+async def read_json(
+    request: Request,
+    max_body: int,
+    *,
+    body_timeout: float | None = None,
+    budget: BodyBudget | None = None,
+) -> dict[str, Any]:
+    """The body as a JSON object, read up to ``max_body`` bytes, within ``body_timeout``
+    seconds, its bytes counted in the instance's ``budget`` while it is read."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise ApiError(
@@ -263,13 +279,30 @@ async def read_json(request: Request, max_body: int) -> dict[str, Any]:
             raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body:
-            raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
-        chunks.append(chunk)
     try:
-        data = json.loads(b"".join(chunks), parse_constant=_reject_constant)
+        async with asyncio.timeout(body_timeout):
+            async for chunk in request.stream():
+                if budget is not None:
+                    budget.take(len(chunk))
+                size += len(chunk)
+                if size > max_body:
+                    raise ApiError(
+                        "payload_too_large", f"the body may be at most {max_body} bytes"
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            "request_timeout",
+            f"the body did not arrive within {body_timeout:g} s; send it at once",
+            {"Connection": "close"},
+        ) from None
+    finally:
+        if budget is not None:
+            budget.give(size)
+    body = b"".join(chunks)
+    del chunks
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
     except RecursionError:
         raise InvalidArgument(_TOO_DEEP) from None
     except ValueError as exc:

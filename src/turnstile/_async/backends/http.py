@@ -244,7 +244,7 @@ class AsyncHTTPQueueBackend:
                 "concurrency": concurrency,
                 "max_attempts": max_attempts,
             },
-            idempotent=False,
+            idempotent=True,  # one delivery per receipt: a repeat answers the same one
         )
         message = data.get("message")
         return ClaimResult(

@@ -245,7 +245,7 @@ class HTTPQueueBackend:
                 "concurrency": concurrency,
                 "max_attempts": max_attempts,
             },
-            idempotent=False,
+            idempotent=True,  # one delivery per receipt: a repeat answers the same one
         )
         message = data.get("message")
         return ClaimResult(
