@@ -209,3 +209,60 @@ def test_token_prefixes_match_at_a_separator_only(tmp_path: Any) -> None:
             assert secret not in log
     finally:
         server.stop()
+
+
+def test_token_file_refuses_non_ascii_secrets_and_warns_about_short_ones() -> None:
+    from turnstile.errors import ConfigurationError
+    from turnstile.server.auth import TokenTable
+
+    for secret in ("pässwörd-" + "x" * 30, "x" * 31 + "\u00e9", " " + "x" * 40, "x" * 40 + "\n"):
+        with pytest.raises(ConfigurationError, match="printable ASCII") as caught:
+            TokenTable.from_document({"tokens": [{"name": "t", "secret": secret}]}, "f")
+        assert secret.strip() not in str(caught.value)
+    short = "s" * 20
+    table = TokenTable.from_document(
+        {"tokens": [{"name": "short", "secret": short}, {"name": "long", "secret": "L" * 43,
+                                                         "prefixes": ["team1", "b:"]}]}, "f")
+    warnings = "\n".join(table.warnings)
+    assert "'short'" in warnings and "20 characters" in warnings
+    assert "'long'" in warnings and "prefix 'team1'" in warnings and "'b:'" not in warnings
+    assert short not in warnings and "L" * 43 not in warnings
+    # A UTF-8 secret configured by digest matches the bytes a client sends.
+    import hashlib
+
+    utf8 = "clé-" + "k" * 40
+    table = TokenTable.from_document(
+        {"tokens": [{"name": "d", "sha256": hashlib.sha256(utf8.encode()).hexdigest()}]}, "f")
+    as_received = utf8.encode().decode("latin-1")  # how a header value reaches the service
+    found = table.authenticate(as_received)
+    assert found is not None and found.name == "d"
+
+
+def test_healthz_tells_only_an_authenticated_caller_about_the_store(tmp_path: Any) -> None:
+    from tests.http_server import start_server
+    from tests.stores.redis._tools import redis_process
+
+    with redis_process(tmp_path / "redis") as srv:
+        server = start_server(srv.url + "?prefix=tt-healthz:", tmp_path,
+                              tokens=[{"name": "admin", "admin": True}])
+        try:
+            anonymous = Api(server, None)
+            admin = Api(server, "admin")
+            assert anonymous.get("/healthz").status_code == 200
+            srv.kill()
+            down = anonymous.get("/healthz")
+            assert down.status_code == 503 and down.headers["retry-after"] == "1"
+            body = down.json()
+            assert body == {"status": "unavailable", "error": {
+                "code": "backend_unavailable", "message": "store unavailable"}}
+            assert str(srv.port) not in down.text and "127.0.0.1" not in down.text
+            # A wrong token is no token.
+            wrong = Api(server, "x" * 40).get("/healthz")
+            assert wrong.json()["error"]["message"] == "store unavailable"
+            detailed = admin.get("/healthz")
+            assert detailed.status_code == 503
+            assert detailed.json()["error"]["message"] != "store unavailable"
+            anonymous.close()
+            admin.close()
+        finally:
+            server.stop()
