@@ -10,8 +10,12 @@ reaches the waiter as fast as the service's store wakes the service.
 The bearer token comes from ``connect(url, token=…)``, else the URL's password
 (``http://:TOKEN@host:8080``; never printed), else ``$TURNSTILE_TOKEN``. A path in the URL is
 kept as the API's base (``https://proxy.example/turnstile``). Options: ``token``,
-``timeout`` (seconds per request, default 10), ``verify`` (TLS: ``False`` or a CA bundle
-path; default: the system's trust store).
+``timeout`` (seconds per call, retries included, default 10), ``verify`` (TLS: ``False`` or
+a CA bundle path; default: the system's trust store).
+
+While the service restarts or is overloaded (refused or reset connections, 503), calls are
+retried with capped backoff and jitter within their budget (see :meth:`HTTPBackend.call`);
+a blocking acquire's long polls within the caller's timeout, keeping its place in line.
 """
 
 from __future__ import annotations
