@@ -7,6 +7,8 @@ backend."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 import time
 from pathlib import Path
@@ -147,4 +149,106 @@ def test_a_service_that_stays_away_fails_within_the_budget(tmp_path: Path) -> No
         assert 1.5 <= time.monotonic() - started < 10
     finally:
         client.close()
+        server.stop()
+
+
+class ReplyDropper:
+    """A TCP proxy in front of the service that loses the reply to chosen requests: the
+    request reaches the service (which acts on it), then the client's connection is closed
+    instead of getting the answer. The client sees a reset, as after a crash mid-reply."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.drops: dict[bytes, int] = {}  # path -> replies still to drop
+        self.dropped: list[bytes] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def drop(self, path: str, count: int = 1) -> None:
+        with self._lock:
+            self.drops[path.encode()] = count
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            doomed = threading.Event()
+            threading.Thread(target=self._up, args=(client, server, doomed), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, doomed),
+                             daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, doomed: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                with self._lock:
+                    for path, left in self.drops.items():
+                        if left > 0 and b" " + path + b" HTTP/" in data:
+                            self.drops[path] = left - 1
+                            self.dropped.append(path)
+                            doomed.set()  # before the request can be answered
+                server.sendall(data)
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_WR)
+
+    def _down(self, server: socket.socket, client: socket.socket,
+              doomed: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if doomed.is_set():
+                    break  # the service answered; the client never hears it
+                client.sendall(data)
+        for sock in (client, server):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_lost_reply_is_retried_safely(tmp_path: Path) -> None:
+    """Each lock operation whose reply is lost after the service acted on it is retried, and
+    the repeat is harmless: the same lease (same token) for the holder, one holder only; a
+    renewal extends the same lease; a release leaves the name free and raises nothing."""
+    server = start_server(f"sqlite:///{tmp_path}/lost.db", tmp_path,
+                          tokens=[{"name": "admin", "admin": True}])
+    host, port = server.base.removeprefix("http://").split(":")
+    proxy = ReplyDropper((host, int(port)))
+    client = turnstile.connect(f"http://:{server.tokens['admin']}@127.0.0.1:{proxy.port}")
+    try:
+        sem = client.semaphore("lost", 2, ttl=30)
+        proxy.drop("/v1/semaphores/try-acquire")
+        ticket = sem.try_acquire("H")
+        assert proxy.dropped == [b"/v1/semaphores/try-acquire"]
+        assert ticket.acquired and ticket.lease is not None
+        status = sem.status()
+        assert [(h.holder, h.token) for h in status.holders] == [("H", ticket.lease.token)]
+
+        lock = client.lock("lost-lock", ttl=30)
+        assert lock.try_acquire("A").acquired
+        proxy.drop("/v1/semaphores/try-acquire")
+        second = lock.try_acquire("B")
+        assert second.position == 0  # one place in line, not two
+        assert [w.holder for w in lock.status().waiters] == ["B"]
+
+        proxy.drop("/v1/semaphores/renew")
+        renewed = lock.renew("A", lock.status().holders[0].token, 20)
+        assert renewed.token == lock.status().holders[0].token
+
+        proxy.drop("/v1/semaphores/release")
+        lock.release("A", renewed.token)  # no error though the first reply was lost
+        proxy.drop("/v1/semaphores/release")
+        ticket.lease.release()
+        assert sem.status().holders == ()
+        # B was granted by A's release: its next ask claims it.
+        assert lock.try_acquire("B").acquired
+        assert len(proxy.dropped) == 5, proxy.dropped
+    finally:
+        client.close()
+        proxy.close()
         server.stop()

@@ -301,3 +301,23 @@ def test_a_wake_up_that_cannot_be_sent_never_fails_a_committed_release(tmp_path:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "['W']"]
+
+
+def test_repeat_filter_lets_a_few_identical_lines_through_then_counts() -> None:
+    import logging
+
+    from turnstile.server.limits import RepeatFilter
+
+    clock = [100.0]
+    repeat = RepeatFilter(burst=3, window=10.0, clock=lambda: clock[0])
+    records = [logging.LogRecord("asyncio", logging.ERROR, "f", 1, "accept failed: %s",
+                                 ("EMFILE",), None) for _ in range(1000)]
+    passed = [r for r in records if repeat.filter(r)]
+    other = logging.LogRecord("asyncio", logging.ERROR, "f", 1, "something else", (), None)
+    assert repeat.filter(other)
+    clock[0] += 10.0
+    late = logging.LogRecord("asyncio", logging.ERROR, "f", 1, "accept failed: %s",
+                             ("EMFILE",), None)
+    assert repeat.filter(late)
+    assert len(passed) == 3
+    assert late.getMessage() == "accept failed: EMFILE (and 997 more like it in the last 10 s)"

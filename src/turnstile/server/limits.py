@@ -21,6 +21,7 @@ import json
 import logging
 import resource
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import ApiError
@@ -142,8 +143,15 @@ class RepeatFilter(logging.Filter):
     error that repeats thousands of times a second (a full descriptor table) then costs a few
     lines, not megabytes."""
 
-    def __init__(self, burst: int = 5, window: float = 10.0, max_keys: int = 1000) -> None:
+    def __init__(
+        self,
+        burst: int = 5,
+        window: float = 10.0,
+        max_keys: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
+        self._clock = clock
         self.burst = burst
         self.window = window
         self.max_keys = max_keys
@@ -155,7 +163,7 @@ class RepeatFilter(logging.Filter):
         except Exception:
             text = str(record.msg)
         key = (record.name, record.levelno, text[:500])
-        now = time.monotonic()
+        now = self._clock()
         entry = self._seen.get(key)
         if entry is None or now - entry[0] >= self.window:
             dropped = int(entry[2]) if entry is not None else 0
