@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import threading
 import time
@@ -251,4 +252,40 @@ def test_a_lost_reply_is_retried_safely(tmp_path: Path) -> None:
     finally:
         client.close()
         proxy.close()
+        server.stop()
+
+
+def test_overloaded_answers_are_retried_after_retry_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At its connection limit the service answers 503 overloaded with Retry-After: 1; the
+    client waits that long between tries (not its 50 ms first backoff) and succeeds once a
+    connection is free, within its budget."""
+    server = start_server(f"sqlite:///{tmp_path}/busy.db", tmp_path,
+                          tokens=[{"name": "admin", "admin": True}],
+                          args=("--max-connections", "2", "--keep-alive", "0.2",
+                                "--header-timeout", "30"))
+    client = turnstile.connect(server.url("admin"))
+    host, port = server.base.removeprefix("http://").split(":")
+    try:
+        time.sleep(0.5)  # the handshake's kept-alive connection is closed by now
+        idle = [socket.create_connection((host, int(port))) for _ in range(2)]
+
+        def free() -> None:
+            time.sleep(2.5)
+            for sock in idle:
+                sock.close()
+
+        threading.Thread(target=free).start()
+        started = time.monotonic()
+        with caplog.at_level("DEBUG", logger="turnstile.http"):
+            ticket = client.lock("busy", ttl=5).try_acquire("h")
+        elapsed = time.monotonic() - started
+        assert ticket.acquired
+        assert 2.0 <= elapsed < 9, elapsed
+        pauses = [float(m) for m in
+                  re.findall(r"in ([\d.]+) s: .*too many connections", caplog.text)]
+        assert pauses and all(p >= 1.0 for p in pauses), caplog.text
+    finally:
+        client.close()
         server.stop()
