@@ -538,6 +538,8 @@ class AsyncHTTPBackend:
                 "wait_ttl": wait_ttl,
                 "enqueue": enqueue,
             },
+            # A place in line lapses after wait_ttl: retrying longer would not keep it.
+            budget=min(self._timeout, wait_ttl),
         )
         lease = data.get("lease")
         return AcquireResult(
@@ -560,6 +562,8 @@ class AsyncHTTPBackend:
                 "POST",
                 "/v1/semaphores/renew",
                 {"name": name, "holder": holder, "token": token, "ttl": ttl},
+                # The renewer tries again sooner on its own; never retry past half a lease.
+                budget=min(self._timeout, ttl / 2),
             )
         except LeaseLost:
             return None

@@ -539,6 +539,8 @@ class HTTPBackend:
                 "wait_ttl": wait_ttl,
                 "enqueue": enqueue,
             },
+            # A place in line lapses after wait_ttl: retrying longer would not keep it.
+            budget=min(self._timeout, wait_ttl),
         )
         lease = data.get("lease")
         return AcquireResult(
@@ -561,6 +563,8 @@ class HTTPBackend:
                 "POST",
                 "/v1/semaphores/renew",
                 {"name": name, "holder": holder, "token": token, "ttl": ttl},
+                # The renewer tries again sooner on its own; never retry past half a lease.
+                budget=min(self._timeout, ttl / 2),
             )
         except LeaseLost:
             return None
