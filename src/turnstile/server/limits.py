@@ -181,9 +181,11 @@ class RepeatFilter(logging.Filter):
         return False
 
 
-def install_repeat_filter(logger_names: tuple[str, ...] = ("", "uvicorn", "uvicorn.error",
-                                                          "uvicorn.access")) -> RepeatFilter:
-    """Put one :class:`RepeatFilter` on every handler of these loggers (root included)."""
+def install_repeat_filter(
+    logger_names: tuple[str, ...] = ("", "uvicorn", "uvicorn.error"),
+) -> RepeatFilter:
+    """Put one :class:`RepeatFilter` on every handler of these loggers (root included). The
+    access log (``uvicorn.access``, its own handler) is left whole: one line per request."""
     repeat = RepeatFilter()
     for name in logger_names:
         for handler in logging.getLogger(name).handlers:
