@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.http_server import ServerProcess, start_server
 
@@ -321,3 +322,56 @@ def test_repeat_filter_lets_a_few_identical_lines_through_then_counts() -> None:
     assert repeat.filter(late)
     assert len(passed) == 3
     assert late.getMessage() == "accept failed: EMFILE (and 997 more like it in the last 10 s)"
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+BUDGET = 4 * 1024 * 1024
+
+
+def test_memory_stays_bounded_under_many_half_sent_large_bodies(tmp_path: Path) -> None:
+    """60 clients each send the headers and most of a 1 MB body, then stall: the service
+    holds about --max-body-memory of them (4 MiB here; with the buffers of the HTTP layer,
+    a few times that), not 60 MB (without the budget it grows by 60 MB); the others get
+    503 at once."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs /proc to read the service's memory")
+    with served(tmp_path, "--max-body-memory", str(BUDGET),
+                "--body-timeout", "30") as server:
+        # Warm up first (lazy imports, the store's connection, a full body read and parsed).
+        for _ in range(3):
+            httpx.post(server.base + "/v1/locks/try-acquire",
+                       json={"name": "warm", "holder": "h", "pad": "x" * 1_000_000},
+                       headers={"Authorization": f"Bearer {server.tokens['admin']}"})
+        before = _rss(server.proc.pid)
+        socks = []
+        chunk = b" " * 65536
+        for _ in range(60):
+            sock = _connect(server)
+            sock.sendall(
+                (f"POST /v1/locks/try-acquire HTTP/1.1\r\nHost: 127.0.0.1\r\n{_auth(server)}"
+                 "Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n").encode()
+            )
+            sock.setblocking(False)
+            socks.append(sock)
+        sent = dict.fromkeys(range(60), 0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(v < 1_000_000 for v in sent.values()):
+            for i, sock in enumerate(socks):
+                if sent[i] >= 1_000_000:
+                    continue
+                try:
+                    sent[i] += sock.send(chunk[: 1_000_000 - sent[i]])
+                except (BlockingIOError, OSError):
+                    sent[i] = 1_000_000  # refused (503) or its buffers are full: stop
+        time.sleep(0.5)
+        grown = _rss(server.proc.pid) - before
+        for sock in socks:
+            sock.close()
+        assert grown < 8 * BUDGET, grown
+        assert httpx.get(server.base + "/healthz").status_code == 200
