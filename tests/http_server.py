@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def start_server(
     *,
     tokens: list[dict[str, object]] | None = None,
     args: tuple[str, ...] = (),
+    preexec_fn: Callable[[], object] | None = None,
 ) -> ServerProcess:
     uid = secrets.token_hex(4)
     ready = tmp / f"turnstile-ready-{uid}"
@@ -81,7 +83,9 @@ def start_server(
         cmd += ["--tokens", str(token_file)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_TOKEN")}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn
+        )
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while not ready.exists():
         if proc.poll() is not None:

@@ -30,11 +30,18 @@ def test_listing_prefixes_cover_exactly_the_readable_names() -> None:
     assert p.listing_prefixes("c:") == []
     assert Principal("t", ("", "a:")).listing_prefixes("q") == ["q"]
     assert Principal("t", ("a", "ab")).listing_prefixes("") == ["a"]
-    names = ["a:1", "a:2", "b:x1", "b:y", "c:1", "", "a"]
-    for prefix in ["", "a", "a:", "b:", "b:x", "b:x1", "z"]:
-        listed = {n for lp in p.listing_prefixes(prefix) for n in names if n.startswith(lp)}
+    names = ["a:1", "a:2", "b:x1", "b:x:1", "b:x", "b:y", "c:1", "", "a"]
+    for prefix in ["", "a", "a:", "b:", "b:x", "b:x1", "b:x:", "z"]:
+        # The store lists by plain prefix; `listed` (server/common.py) keeps what can_read.
+        listed = {
+            n for lp in p.listing_prefixes(prefix) for n in names
+            if n.startswith(lp) and p.can_read(n)
+        }
         expected = {n for n in names if n.startswith(prefix) and p.can_read(n)}
         assert listed == expected, prefix
+    # A prefix matches at a separator only: "b:x" covers b:x and b:x:1, never b:x1.
+    assert p.can_read("b:x") and p.can_read("b:x:1") and p.can_read("b:x/1")
+    assert not p.can_read("b:x1") and not p.can_read("b:xy")
 
 
 def test_principal_permissions() -> None:

@@ -7,7 +7,36 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from .records import KIND_BYTES, KIND_JSON
-from .validate import MAX_PAYLOAD_BYTES
+from .validate import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH
+
+
+def nesting(value: Any, limit: int = MAX_PAYLOAD_DEPTH) -> int:
+    """How deeply ``value``'s lists, tuples and dicts nest (a scalar is 0), found without
+    recursion; counting stops past ``limit``, so a cyclic or absurdly deep value costs little."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def check_depth(value: Any, arg: str = "payload") -> None:
+    if nesting(value) > MAX_PAYLOAD_DEPTH:
+        raise InvalidArgument(
+            f"{arg} nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep "
+            f"(the accepted range is 0 to {MAX_PAYLOAD_DEPTH})"
+        )
 
 
 def encode_payload(payload: Any) -> tuple[bytes, int]:
@@ -15,9 +44,10 @@ def encode_payload(payload: Any) -> tuple[bytes, int]:
     if isinstance(payload, bytes | bytearray | memoryview):
         body, kind = bytes(payload), KIND_BYTES
     else:
+        check_depth(payload)
         try:
             text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidArgument(
                 f"payload must be JSON-serializable or bytes ({exc})"
             ) from None

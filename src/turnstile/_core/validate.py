@@ -21,6 +21,7 @@ MAX_LIMIT = 1_000_000
 
 # Queues (docs/queue.md).
 MAX_PAYLOAD_BYTES = 256 * 1024  # encoded size: JSON text as UTF-8, or the raw bytes
+MAX_PAYLOAD_DEPTH = 128  # nesting of JSON arrays and objects (as serde_json's default)
 MAX_KEY_BYTES = 1024
 MAX_DEDUP_ID_BYTES = 1024
 MAX_ATTEMPTS = 1000
@@ -32,6 +33,16 @@ MIN_DEDUP_WINDOW = 1.0
 MAX_DEDUP_WINDOW = 7 * 24 * 3600.0
 MAX_ERROR_CHARS = 2000
 MAX_LIST = 10_000  # dead_letters(limit=), stats(top_keys=) upper bound
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, short: an integer of hundreds of digits is
+    described, not printed (and one of thousands cannot be printed at all)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        digits = int(value.bit_length() * 0.30103) + 1
+        return f"an integer of about {digits} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _utf8_len(value: str, arg: str) -> int:
@@ -69,7 +80,7 @@ def prefix(value: Any, arg: str = "prefix") -> bool:
 
 def max_count(value: Any, arg: str = "max_count") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise InvalidArgument(f"{arg} must be an integer from 1 to {MAX_LIMIT}, got {value!r}")
+        raise InvalidArgument(f"{arg} must be an integer from 1 to {MAX_LIMIT}, got {shown(value)}")
     return value
 
 
@@ -89,7 +100,10 @@ def holder(value: Any, arg: str = "holder") -> str:
 def _number(value: Any, arg: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(f"{arg} must be a number of seconds, got {type(value).__name__}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond any float: as far out of range as infinity
+        result = math.inf if value > 0 else -math.inf
     if math.isnan(result):
         raise InvalidArgument(f"{arg} must be a number of seconds, got NaN")
     return result
@@ -99,7 +113,8 @@ def ttl(value: Any, arg: str = "ttl") -> float:
     result = _number(value, arg)
     if not MIN_TTL <= result <= MAX_TTL:
         raise InvalidArgument(
-            f"{arg} must be between {MIN_TTL} and {MAX_TTL:.0f} seconds (30 days), got {value!r}"
+            f"{arg} must be between {MIN_TTL} and {MAX_TTL:.0f} seconds (30 days), "
+            f"got {shown(value)}"
         )
     return result
 
@@ -114,7 +129,7 @@ def timeout(value: Any, arg: str = "timeout") -> float | None:
     if not 0 <= result <= MAX_TIMEOUT:
         raise InvalidArgument(
             f"{arg} must be None or between 0 and {MAX_TIMEOUT:.0f} seconds (30 days), "
-            f"got {value!r}"
+            f"got {shown(value)}"
         )
     return result
 
@@ -135,7 +150,7 @@ def seconds(value: Any, arg: str, *, low: float = 0.0, high: float = MAX_TIMEOUT
     if not low <= result <= high:
         low_text = f"{low:.0f}" if low == int(low) else repr(low)
         raise InvalidArgument(
-            f"{arg} must be between {low_text} and {seconds_text(high)}, got {value!r}"
+            f"{arg} must be between {low_text} and {seconds_text(high)}, got {shown(value)}"
         )
     return result
 
@@ -144,7 +159,7 @@ def limit(value: Any, arg: str = "limit") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{arg} must be an integer, got {type(value).__name__}")
     if not 1 <= value <= MAX_LIMIT:
-        raise InvalidArgument(f"{arg} must be between 1 and {MAX_LIMIT}, got {value!r}")
+        raise InvalidArgument(f"{arg} must be between 1 and {MAX_LIMIT}, got {shown(value)}")
     return value
 
 
@@ -154,7 +169,7 @@ def token(value: Any, arg: str = "token") -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{arg} must be an integer or None, got {type(value).__name__}")
     if not 0 < value < 2**63:
-        raise InvalidArgument(f"{arg} must be between 1 and 2**63-1, got {value!r}")
+        raise InvalidArgument(f"{arg} must be between 1 and 2**63-1, got {shown(value)}")
     return value
 
 
@@ -209,7 +224,9 @@ def max_attempts(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"max_attempts must be an integer, got {type(value).__name__}")
     if not 1 <= value <= MAX_ATTEMPTS:
-        raise InvalidArgument(f"max_attempts must be between 1 and {MAX_ATTEMPTS}, got {value!r}")
+        raise InvalidArgument(
+            f"max_attempts must be between 1 and {MAX_ATTEMPTS}, got {shown(value)}"
+        )
     return value
 
 
@@ -227,7 +244,7 @@ def count(value: Any, arg: str, high: int = MAX_LIST) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{arg} must be an integer, got {type(value).__name__}")
     if not 1 <= value <= high:
-        raise InvalidArgument(f"{arg} must be between 1 and {high}, got {value!r}")
+        raise InvalidArgument(f"{arg} must be between 1 and {high}, got {shown(value)}")
     return value
 
 

@@ -14,6 +14,7 @@ from its state without URL-encoding.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -21,7 +22,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -36,6 +37,8 @@ from .errors import error_response, from_exception
 from .metrics import Gauge
 from .openapi import error_schema, obj, ref
 from .table import Args, Endpoint, Field, parse
+
+log = logging.getLogger("turnstile.server")
 
 # -- service endpoints -----------------------------------------------------------------------
 
@@ -94,12 +97,25 @@ async def healthz(ctx: Ctx) -> Response:
         await service.client.ping()
     except Exception as exc:
         api = from_exception(exc)
+        message = api.message
+        if not _authenticated(service, ctx.request):
+            # The store's address (URL, host, port) is for the service's users only.
+            message = "store unavailable"
         return JSONResponse(
-            {"status": "unavailable", "error": {"code": api.code, "message": api.message}},
+            {"status": "unavailable", "error": {"code": api.code, "message": message}},
             status_code=503,
             headers={"Retry-After": "1"},
         )
     return JSONResponse({"status": "ok", "backend": service.client.characteristics.scheme})
+
+
+def _authenticated(service: Service, request: Request) -> bool:
+    """Whether ``request`` carries a token this service accepts (never raises)."""
+    try:
+        service.authenticate(request)
+    except Exception:
+        return False
+    return True
 
 
 QUEUE_GAUGES = (
@@ -203,11 +219,19 @@ def _serve(service: Service, endpoint: Endpoint) -> Handler:
         try:
             if endpoint.authenticated:
                 principal = service.authenticate(request)
-                args = await parse(request, endpoint, service.config.max_body)
+                args = await parse(
+                    request, endpoint, service.config.max_body,
+                    body_timeout=service.config.body_timeout, budget=service.bodies,
+                )
             else:  # a probe: answers whoever asks, whatever the query says
                 principal, args = _PROBE, Args({}, {})
             result = await endpoint.handler(Ctx(request, service, principal, args))
             response = result if isinstance(result, Response) else JSONResponse(result)
+        except ClientDisconnect:
+            # The client left before its body arrived: nothing was done, nobody reads an
+            # answer. Not a failure of the service: counted as 499 and logged quietly.
+            log.debug("%s %s: the client disconnected mid-body", request.method, endpoint.path)
+            response = Response(status_code=499)
         except Exception as exc:
             api = from_exception(exc)
             response = error_response(api.code, api.message, api.headers)
@@ -249,7 +273,12 @@ def create_app(config: ServerConfig | None = None, client: AsyncClient | None = 
     async def not_found(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 405:
-            return error_response("method_not_allowed", f"{request.method} is not allowed here")
+            allow = (exc.headers or {}).get("Allow", "")
+            return error_response(
+                "method_not_allowed",
+                f"{request.method} is not allowed here; allowed: {allow}",
+                {"Allow": allow},
+            )
         return error_response("not_found", f"no endpoint {request.url.path!r}; see /openapi.json")
 
     @contextlib.asynccontextmanager
@@ -265,6 +294,9 @@ def create_app(config: ServerConfig | None = None, client: AsyncClient | None = 
         exception_handlers={404: not_found, 405: not_found},
         lifespan=lifespan,
     )
+    # Never answer with a redirect built from the request's Host header ("/v1/info/" would
+    # be sent to http://<Host>/v1/info): a path with a trailing slash is simply not found.
+    app.router.redirect_slashes = False
     app.state.service = service
     return app
 

@@ -5,17 +5,18 @@ Tokens come from a TOML or JSON file (``turnstile serve --tokens FILE``, or
 
     [[tokens]]
     name = "tenant-a"                 # a label for logs, the dashboard and /v1/whoami
-    secret = "…at least 16 characters…"   # or: sha256 = "<hex digest of the secret>"
+    secret = "…32+ random ASCII characters…"   # or: sha256 = "<hex digest of the secret>"
     prefixes = ["tenant-a:"]          # names this token may see and touch (default: all)
     read_only = false                 # true: status, listings, dashboard only
     admin = false                     # true: admin actions (force release, requeue dead letters)
 
 A token may see and touch a name (a lock, a semaphore or a queue) only if the name starts
-with one of its prefixes: listings, the dashboard, events and per-queue metrics are filtered
-the same way, so one tenant never learns another's names. Presented tokens are hashed and
-compared with every configured digest in constant time (:func:`hmac.compare_digest`, no early
-exit). Without any token configured the service is open (every request acts as the
-``anonymous`` admin) and refuses to listen on anything but a loopback address.
+with one of its prefixes at a separator (see :func:`prefix_matches`): listings, the
+dashboard, events and per-queue metrics are filtered the same way, so one tenant never
+learns another's names. Presented tokens are hashed and compared with every configured
+digest in constant time (:func:`hmac.compare_digest`, no early exit). Without any token
+configured the service is open (every request acts as the ``anonymous`` admin) and refuses
+to listen on anything but a loopback address.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 from ..errors import ConfigurationError
 
 MIN_SECRET_LENGTH = 16
+GOOD_SECRET_LENGTH = 32  # below this, a secret is accepted with a warning
 ENV_TOKENS = "TURNSTILE_TOKENS"
 ENV_TOKENS_FILE = "TURNSTILE_TOKENS_FILE"
 _KEYS = {"name", "secret", "sha256", "prefixes", "read_only", "admin"}
@@ -50,7 +52,7 @@ class Principal:
     admin: bool = False
 
     def can_read(self, name: str) -> bool:
-        return any(name.startswith(p) for p in self.prefixes)
+        return any(prefix_matches(p, name) for p in self.prefixes)
 
     def can_write(self, name: str) -> bool:
         return not self.read_only and self.can_read(name)
@@ -76,6 +78,23 @@ class Principal:
         }
 
 
+def is_separator(char: str) -> bool:
+    """Whether ``char`` separates the parts of a name: anything but a letter or a digit."""
+    return not char.isalnum()
+
+
+def prefix_matches(prefix: str, name: str) -> bool:
+    """Whether a token's ``prefix`` covers ``name``: the name starts with it *at a
+    separator*. A prefix ending in a separator (``"team1:"``) covers every name starting with
+    it; one that does not (``"team1"``) covers ``team1`` itself and names that continue with
+    a separator (``team1:x``, ``team1/x``), never ``team10:x``. ``""`` covers every name."""
+    if not name.startswith(prefix):
+        return False
+    if not prefix or len(name) == len(prefix) or is_separator(prefix[-1]):
+        return True
+    return is_separator(name[len(prefix)])
+
+
 ANONYMOUS = Principal("anonymous", ("",), read_only=False, admin=True)
 
 
@@ -88,8 +107,12 @@ class _Entry:
 class TokenTable:
     """The configured tokens. Empty means the service is open (loopback only)."""
 
-    def __init__(self, entries: Iterable[tuple[bytes, Principal]] = ()) -> None:
+    def __init__(
+        self, entries: Iterable[tuple[bytes, Principal]] = (), warnings: Iterable[str] = ()
+    ) -> None:
         self._entries = tuple(_Entry(d, p) for d, p in entries)
+        # What is accepted but risky in the configuration (never a secret): `serve` shows them.
+        self.warnings = tuple(warnings)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -105,7 +128,12 @@ class TokenTable:
             return ANONYMOUS
         if not presented:
             return None
-        digest = hashlib.sha256(presented.encode("utf-8", "surrogatepass")).digest()
+        try:
+            # A header value arrives as its bytes read as Latin-1: these are the bytes sent.
+            raw = presented.encode("latin-1")
+        except UnicodeEncodeError:
+            raw = presented.encode("utf-8", "surrogatepass")
+        digest = hashlib.sha256(raw).digest()
         found: Principal | None = None
         for entry in self._entries:
             if hmac.compare_digest(digest, entry.digest):
@@ -124,6 +152,7 @@ class TokenTable:
         if not isinstance(document, list):
             raise ConfigurationError(f"{source}: 'tokens' must be a list of tables")
         entries: list[tuple[bytes, Principal]] = []
+        warnings: list[str] = []
         names: set[str] = set()
         digests: set[bytes] = set()
         for index, item in enumerate(document):
@@ -142,6 +171,13 @@ class TokenTable:
                 raise ConfigurationError(f"{where}: duplicate token name {name!r}")
             names.add(name)
             digest = _digest(item, where)
+            secret = item.get("secret")
+            if isinstance(secret, str) and len(secret) < GOOD_SECRET_LENGTH:
+                warnings.append(
+                    f"{where} ({name!r}): its secret is {len(secret)} characters; use at least "
+                    f"{GOOD_SECRET_LENGTH} random ones (python -c 'import secrets; "
+                    "print(secrets.token_urlsafe(32))')"
+                )
             if digest in digests:
                 raise ConfigurationError(f"{where}: the same secret is configured twice")
             digests.add(digest)
@@ -161,9 +197,17 @@ class TokenTable:
                 if not isinstance(value, bool):
                     raise ConfigurationError(f"{where}: {flag!r} must be true or false")
                 flags[flag] = value
+            for prefix in dict.fromkeys(prefixes):
+                if prefix and not is_separator(prefix[-1]):
+                    warnings.append(
+                        f"{where} ({name!r}): prefix {prefix!r} does not end with a separator: "
+                        f"it covers {prefix!r} and names continuing with one "
+                        f"({prefix + ':'!r}…), not {prefix + '0'!r}…; write {prefix + ':'!r} "
+                        "to say so"
+                    )
             principal = Principal(name, tuple(dict.fromkeys(prefixes)), **flags)
             entries.append((digest, principal))
-        return cls(entries)
+        return cls(entries, warnings)
 
     @classmethod
     def load(cls, path: str | None = None, environ: Mapping[str, str] | None = None) -> TokenTable:
@@ -196,7 +240,14 @@ def _digest(item: Mapping[str, Any], where: str) -> bytes:
                 f"{where}: 'secret' must be a string of at least {MIN_SECRET_LENGTH} characters "
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
-        return hashlib.sha256(secret.encode("utf-8")).digest()
+        if not secret.isascii() or not secret.isprintable() or secret != secret.strip():
+            # HTTP header values are not reliably UTF-8 (they arrive as Latin-1 text), so a
+            # secret beyond printable ASCII would match or not depending on the client.
+            raise ConfigurationError(
+                f"{where}: 'secret' must be printable ASCII without surrounding spaces (a "
+                "header value); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return hashlib.sha256(secret.encode("ascii")).digest()
     try:
         digest = bytes.fromhex(hashed) if isinstance(hashed, str) else b""
     except ValueError:

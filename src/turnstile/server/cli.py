@@ -27,7 +27,16 @@ from .._core.urls import (
     secrets_in,
 )
 from ..errors import ConfigurationError, TurnstileError
-from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, DEFAULT_OBSERVE_INTERVAL
+from .config import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_KEEP_ALIVE,
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_BODY_MEMORY,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_WAIT,
+    DEFAULT_OBSERVE_INTERVAL,
+)
 
 # The same codes as every `turnstile` command (docs/cli.md), plus one for the socket.
 EXIT_USAGE = 2  # bad arguments
@@ -84,6 +93,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_BODY,
         metavar="BYTES",
         help=f"largest request body (default: {DEFAULT_MAX_BODY})",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT,
+        metavar="S",
+        help="close a connection whose request headers take longer than this, from its "
+        f"opening or its previous answer (default: {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        metavar="S",
+        help="answer 408 to a request whose body takes longer than this after its headers "
+        f"(default: {DEFAULT_BODY_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        type=float,
+        default=DEFAULT_KEEP_ALIVE,
+        metavar="S",
+        help=f"close an idle kept-alive connection after this (default: {DEFAULT_KEEP_ALIVE:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="answer 503 overloaded (with Retry-After) to connections beyond N "
+        "(default: half of the open-file limit, ulimit -n)",
+    )
+    parser.add_argument(
+        "--max-body-memory",
+        type=int,
+        default=DEFAULT_MAX_BODY_MEMORY,
+        metavar="BYTES",
+        help="bytes all request bodies being read may hold together; beyond: 503 overloaded "
+        f"(default: {DEFAULT_MAX_BODY_MEMORY})",
+    )
+    parser.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=DEFAULT_MAX_HEADER_BYTES,
+        metavar="BYTES",
+        help=f"largest request line and headers (default: {DEFAULT_MAX_HEADER_BYTES})",
     )
     parser.add_argument(
         "--observe-interval",
@@ -184,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         from .app import create_app
         from .auth import TokenTable, is_loopback
         from .config import ServerConfig
+        from .limits import default_max_connections, install_repeat_filter, protocol_class
     except ImportError as exc:
         return _fail(
             f"the HTTP service needs {exc.name or 'its dependencies'}; "
@@ -199,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
         tokens = TokenTable.load(args.tokens)
     except ConfigurationError as exc:
         return _fail(str(exc), EXIT_CONFIG)
+    for warning in tokens.warnings:
+        print(f"turnstile serve: warning: {warning}", file=sys.stderr)
     if tokens.open and not is_loopback(args.host):
         return _fail(
             f"refusing to listen on {args.host!r} without tokens: anyone who can reach it "
@@ -216,6 +274,12 @@ def run(args: argparse.Namespace) -> int:
             max_body=args.max_body,
             observe_interval=args.observe_interval,
             queues=tuple(args.queue),
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            keep_alive=args.keep_alive,
+            max_connections=args.max_connections,
+            max_body_memory=args.max_body_memory,
+            max_header_bytes=args.max_header_bytes,
         )
     except TurnstileError as exc:
         return _fail(str(exc))
@@ -257,9 +321,17 @@ def run(args: argparse.Namespace) -> int:
                 server_header=False,
                 proxy_headers=args.proxy_headers,
                 forwarded_allow_ips=args.forwarded_allow_ips,
+                http=protocol_class(
+                    header_timeout=config.header_timeout,
+                    max_connections=config.max_connections or default_max_connections(),
+                ),
+                timeout_keep_alive=config.keep_alive,  # type: ignore[arg-type]
+                h11_max_incomplete_event_size=config.max_header_bytes,
             )
         )
         _scrub_logs("", "uvicorn", "uvicorn.error", "uvicorn.access")  # configured just now
+        # One line per kind of error, not one per occurrence, when something repeats fast.
+        install_repeat_filter()
 
         async def watch() -> None:
             while not server.started:

@@ -21,6 +21,7 @@ from ..errors import NotSupported
 from .auth import Principal, bearer, is_loopback_host_header
 from .config import ServerConfig
 from .errors import ApiError
+from .limits import BodyBudget
 from .metrics import Metrics
 from .observe import EventLog, Tracker
 from .table import Args
@@ -39,6 +40,7 @@ class Service:
         self._client = client
         self._own_client = client is None
         self.metrics = Metrics()
+        self.bodies = BodyBudget(config.max_body_memory)  # bytes of bodies being read
         self.events = EventLog(config.event_capacity)
         self.tracker = Tracker(self.events, self.metrics)
         self.started = time.time()
@@ -160,10 +162,14 @@ async def listed(
     (``fetch(store_prefix, max_count)`` once per prefix it may read, plus ``also``): the
     first ``max_count`` in code-point order, and whether there were more."""
     found = set(also)
+    more = False
     for allowed in principal.listing_prefixes(prefix):
-        found.update(await fetch(allowed, max_count + 1))
+        fetched = await fetch(allowed, max_count + 1)
+        more = more or len(fetched) > max_count
+        # The store lists by plain prefix; the token's prefixes match at a separator only.
+        found.update(n for n in fetched if principal.can_read(n))
     names = sorted(found)
-    return names[:max_count], len(names) > max_count
+    return names[:max_count], more or len(names) > max_count
 
 
 async def _gather(coros: list[Coroutine[Any, Any, T]], limit: int) -> list[T]:

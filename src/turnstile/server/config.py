@@ -11,6 +11,11 @@ from .auth import TokenTable
 DEFAULT_MAX_WAIT = 50.0  # seconds; below the 60 s an AWS Step Functions HTTP task waits
 DEFAULT_MAX_BODY = 1024 * 1024  # bytes; room for a 256 KiB queue payload, JSON-escaped
 DEFAULT_OBSERVE_INTERVAL = 2.0
+DEFAULT_HEADER_TIMEOUT = 10.0  # seconds for a request's headers to arrive
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds for its body to arrive, after the headers
+DEFAULT_KEEP_ALIVE = 5.0  # seconds an idle kept-alive connection stays open
+DEFAULT_MAX_BODY_MEMORY = 64 * 1024 * 1024  # bytes of bodies being read at once
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024  # bytes of a request line and headers
 
 
 @dataclass(frozen=True)
@@ -26,8 +31,37 @@ class ServerConfig:
     dashboard_max_names: int = 200
     event_capacity: int = 1000
     queues: tuple[str, ...] = ()  # queues to show on the dashboard and in /metrics from start
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    keep_alive: float = DEFAULT_KEEP_ALIVE
+    max_connections: int | None = None  # None: half of `ulimit -n` (server/limits.py)
+    max_body_memory: int = DEFAULT_MAX_BODY_MEMORY
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
 
     def __post_init__(self) -> None:
+        for arg in ("header_timeout", "body_timeout", "keep_alive"):
+            value = getattr(self, arg)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                0.1 <= value <= 3600
+            ):
+                raise InvalidArgument(f"{arg} must be between 0.1 and 3600 seconds, got {value!r}")
+        if self.max_connections is not None and (
+            isinstance(self.max_connections, bool)
+            or not isinstance(self.max_connections, int)
+            or not 1 <= self.max_connections <= 1_000_000
+        ):
+            raise InvalidArgument(
+                f"max_connections must be between 1 and 1000000, got {self.max_connections!r}"
+            )
+        if not self.max_body <= self.max_body_memory <= 2**40:
+            raise InvalidArgument(
+                f"max_body_memory must be between max_body ({self.max_body}) and 2**40 bytes, "
+                f"got {self.max_body_memory}"
+            )
+        if not 1024 <= self.max_header_bytes <= 1024 * 1024:
+            raise InvalidArgument(
+                f"max_header_bytes must be between 1024 and 1048576, got {self.max_header_bytes}"
+            )
         if not 1 <= self.max_wait <= 3600:
             raise InvalidArgument(
                 f"max_wait must be between 1 and 3600 seconds, got {self.max_wait}"

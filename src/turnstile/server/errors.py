@@ -6,6 +6,7 @@ traceback or a password.
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from starlette.responses import JSONResponse
@@ -33,6 +34,7 @@ CODES: dict[str, tuple[int, str]] = {
     "admin_required": (403, "the request is an admin action and the token is not admin"),
     "not_found": (404, "no such endpoint"),
     "method_not_allowed": (405, "the endpoint does not accept this method"),
+    "request_timeout": (408, "the body did not arrive within the service's body timeout"),
     "acquire_timeout": (409, "not granted within `wait` seconds; the caller left the line"),
     "lease_lost": (409, "the lease expired or was taken over; it is no longer held"),
     "limit_conflict": (409, "the name is in use under another limit (change it: /limit)"),
@@ -43,7 +45,12 @@ CODES: dict[str, tuple[int, str]] = {
     "not_supported": (501, "the store behind the service cannot do this"),
     "backend_unavailable": (503, "the store cannot be reached; retry later"),
     "shutting_down": (503, "this instance is stopping; retry (on another instance)"),
+    "overloaded": (503, "this instance is out of connections, descriptors or body memory; "
+                   "nothing was done; retry after `Retry-After`"),
 }
+
+# Out of descriptors or memory for a socket or a file: the instance is overloaded, not broken.
+_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class ApiError(Exception):
@@ -81,6 +88,12 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError("backend_unavailable", str(exc), {"Retry-After": "1"})
     if isinstance(exc, NotSupported):
         return ApiError("not_supported", str(exc))
+    if isinstance(exc, OSError) and exc.errno in _EXHAUSTED:
+        log.error("overloaded while serving a request: %s", exc)
+        return ApiError(
+            "overloaded", f"this instance is overloaded ({exc.strerror}); retry later",
+            {"Retry-After": "1"},
+        )
     if isinstance(exc, ConfigurationError | TurnstileError):
         log.error("turnstile error while serving a request: %s", exc)
         return ApiError("internal", "the service failed; see its log")

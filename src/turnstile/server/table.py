@@ -13,18 +13,23 @@ parameters, which are parsed from text against their documented bounds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
 
+from .._core import validate
+from .._core.payload import nesting
 from ..errors import InvalidArgument
 from .errors import ApiError
 
 if TYPE_CHECKING:
     from .common import Ctx
+    from .limits import BodyBudget
 
 Schema = dict[str, Any]
 Handler = Callable[["Ctx"], Awaitable[Any]]
@@ -71,7 +76,7 @@ class Endpoint:
 
 
 AUTH_ERRORS = (401, 403)
-BODY_ERRORS = (400, 413, 415, 422)
+BODY_ERRORS = (400, 408, 413, 415, 422)
 STORE_ERRORS = (503,)
 
 
@@ -102,9 +107,41 @@ class Args:
         return self.values.get(key, default)
 
 
-async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
+def query_pairs(request: Request) -> list[tuple[str, str]]:
+    """The query string's parameters, decoded strictly: percent-escapes that are not UTF-8
+    are refused (``invalid_argument``) rather than read as U+FFFD, which would make a name
+    other than the one sent."""
+    raw: bytes = request.scope.get("query_string", b"")
+    pairs = []
+    for part in raw.split(b"&"):
+        if not part:
+            continue
+        key, _, value = part.partition(b"=")
+        try:
+            pairs.append((_unquote(key), _unquote(value)))
+        except UnicodeDecodeError:
+            shown = unquote_to_bytes(key.replace(b"+", b" ")).decode("utf-8", "replace")
+            raise InvalidArgument(
+                f"query parameter {shown!r} is not valid UTF-8 once percent-decoded"
+            ) from None
+    return pairs
+
+
+def _unquote(text: bytes) -> str:
+    return unquote_to_bytes(text.replace(b"+", b" ")).decode("utf-8")
+
+
+async def parse(
+    request: Request,
+    endpoint: Endpoint,
+    max_body: int,
+    *,
+    body_timeout: float | None = None,
+    budget: BodyBudget | None = None,
+) -> Args:
     """The request's fields, checked against the table (types, required, unknown)."""
-    unknown = sorted(set(request.query_params) - endpoint.query)
+    pairs = query_pairs(request)
+    unknown = sorted({k for k, _ in pairs} - endpoint.query)
     if unknown:
         accepted = sorted(endpoint.query)
         raise InvalidArgument(
@@ -112,8 +149,8 @@ async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
             + (f"; accepted: {', '.join(accepted)}" if accepted else "")
         )
     if request.method == "GET":
-        return Args(_query(request, endpoint), {})
-    data = await read_json(request, max_body)
+        return Args(_query(dict(pairs), endpoint), {})
+    data = await read_json(request, max_body, body_timeout=body_timeout, budget=budget)
     names = {f.name for f in endpoint.fields}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -125,11 +162,19 @@ async def parse(request: Request, endpoint: Endpoint, max_body: int) -> Args:
     for spec in endpoint.fields:
         value = data.get(spec.name)
         if value is None:
+            if spec.name in data and not _nullable(spec.schema):
+                # ``null`` stands for "absent" only where the document says the field may
+                # be null; elsewhere it is a value of the wrong type.
+                _typed(spec, value)
             if spec.required:
                 raise InvalidArgument(f"{spec.name} is required")
             continue
         values[spec.name] = _typed(spec, value)
     return Args(values, data)
+
+
+def _nullable(schema: Schema) -> bool:
+    return "type" not in schema or "null" in _types(schema)
 
 
 def _types(schema: Schema) -> set[str]:
@@ -157,7 +202,7 @@ def _typed(spec: Field, value: Any) -> Any:
     if any(checks[t](value) for t in types):
         return value
     if types == {"boolean"}:
-        raise InvalidArgument(f"{spec.name} must be true or false")
+        raise InvalidArgument(f"{spec.name} must be true or false, got {json_type(value)}")
     wanted = " or ".join(
         {"string": "a string", "number": "a number", "integer": "an integer",
          "boolean": "true or false", "array": "an array"}[t]
@@ -174,10 +219,10 @@ def _show(bound: float) -> str:
     return str(int(bound))
 
 
-def _query(request: Request, endpoint: Endpoint) -> dict[str, Any]:
+def _query(query: Mapping[str, str], endpoint: Endpoint) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for spec in endpoint.fields:
-        raw = request.query_params.get(spec.name)
+        raw = query.get(spec.name)
         if raw is None:
             if spec.required:
                 raise InvalidArgument(f"{spec.name} is required (a query parameter)")
@@ -192,7 +237,8 @@ def _query(request: Request, endpoint: Endpoint) -> dict[str, Any]:
                 ) from None
             if not low <= number <= high:
                 raise InvalidArgument(
-                    f"{spec.name} must be an integer from {low} to {high}, got {number}"
+                    f"{spec.name} must be an integer from {low} to {high}, "
+                    f"got {validate.shown(number)}"
                 )
             values[spec.name] = number
         else:
@@ -200,12 +246,25 @@ def _query(request: Request, endpoint: Endpoint) -> dict[str, Any]:
     return values
 
 
+_TOO_DEEP = (
+    f"the body nests arrays and objects too deeply: a field's value may nest at most "
+    f"{validate.MAX_PAYLOAD_DEPTH} levels"
+)
+
+
 def _reject_constant(value: str) -> Any:
     raise ValueError(f"{value} is not valid JSON")
 
 
-async def read_json(request: Request, max_body: int) -> dict[str, Any]:
-    """The body as a JSON object, read up to ``max_body`` bytes."""
+async def read_json(
+    request: Request,
+    max_body: int,
+    *,
+    body_timeout: float | None = None,
+    budget: BodyBudget | None = None,
+) -> dict[str, Any]:
+    """The body as a JSON object, read up to ``max_body`` bytes, within ``body_timeout``
+    seconds, its bytes counted in the instance's ``budget`` while it is read."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise ApiError(
@@ -220,16 +279,37 @@ async def read_json(request: Request, max_body: int) -> dict[str, Any]:
             raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body:
-            raise ApiError("payload_too_large", f"the body may be at most {max_body} bytes")
-        chunks.append(chunk)
     try:
-        data = json.loads(b"".join(chunks), parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
+        async with asyncio.timeout(body_timeout):
+            async for chunk in request.stream():
+                if budget is not None:
+                    budget.take(len(chunk))
+                size += len(chunk)
+                if size > max_body:
+                    raise ApiError(
+                        "payload_too_large", f"the body may be at most {max_body} bytes"
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            "request_timeout",
+            f"the body did not arrive within {body_timeout:g} s; send it at once",
+            {"Connection": "close"},
+        ) from None
+    finally:
+        if budget is not None:
+            budget.give(size)
+    body = b"".join(chunks)
+    del chunks
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidArgument(_TOO_DEEP) from None
+    except ValueError as exc:
         message = str(exc) if isinstance(exc, json.JSONDecodeError) else "not valid JSON"
         raise ApiError("bad_json", f"the body is not valid JSON: {message}") from None
+    if nesting(data) > validate.MAX_PAYLOAD_DEPTH + 1:  # the body object, then its fields
+        raise InvalidArgument(_TOO_DEEP)
     if not isinstance(data, dict):
         raise InvalidArgument(f"the body must be a JSON object, got {json_type(data)}")
     return data

@@ -9,16 +9,24 @@ reaches the waiter as fast as the service's store wakes the service.
 The bearer token comes from ``connect(url, token=…)``, else the URL's password
 (``http://:TOKEN@host:8080``; never printed), else ``$TURNSTILE_TOKEN``. A path in the URL is
 kept as the API's base (``https://proxy.example/turnstile``). Options: ``token``,
-``timeout`` (seconds per request, default 10), ``verify`` (TLS: ``False`` or a CA bundle
-path; default: the system's trust store).
+``timeout`` (seconds per call, retries included, default 10), ``verify`` (TLS: ``False`` or
+a CA bundle path; default: the system's trust store).
+
+While the service restarts or is overloaded (refused or reset connections, 503), calls are
+retried with capped backoff and jitter within their budget (see :meth:`AsyncHTTPBackend.call`);
+a blocking acquire's long polls within the caller's timeout, keeping its place in line.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
+import math
 import os
+import random
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import SplitResult, urlunsplit
@@ -54,7 +62,10 @@ from ...errors import (
     LimitConflict,
     NotSupported,
 )
+from .. import _compat
 from .protocol import AsyncQueueWaiter
+
+log = logging.getLogger("turnstile.http")
 
 ENV_TOKEN = "TURNSTILE_TOKEN"
 DEFAULT_TIMEOUT = 10.0
@@ -74,6 +85,18 @@ CHARACTERISTICS = Characteristics(
     queues=True,
     long_poll_gets=True,  # /v1/queues/get waits on the service, woken by its store
 )
+
+# Retrying while the service is away (a restart, an overload): capped exponential backoff
+# with jitter, within each call's budget; a Retry-After is honoured up to RETRY_AFTER_CAP.
+RETRY_FIRST = 0.05
+RETRY_CAP = 1.0
+RETRY_AFTER_CAP = 5.0
+# 503s answered before the service did anything: safe to repeat any request.
+_NOTHING_DONE = {"overloaded", "shutting_down", None}
+# A blocking acquire's waiter waits at most this long per step (its caller bounds it anyway).
+MAX_WAIT_STEP = 24 * 3600.0
+# A long poll answered "not woken" this long before its time was up was ended by the service.
+EARLY = 0.25
 
 _INVALID = {"invalid_argument", "bad_json", "payload_too_large", "unsupported_media_type"}
 _DENIED = {"forbidden", "read_only", "admin_required"}
@@ -110,6 +133,27 @@ def _error(shown: str, response: httpx.Response) -> Exception:
     return BackendUnavailable(f"the Turnstile service at {shown}: {message}")
 
 
+def _retriable(response: httpx.Response, idempotent: bool) -> bool:
+    """Whether an error answer may be retried (see :meth:`AsyncHTTPBackend.call`)."""
+    status = response.status_code
+    if status == 503:
+        try:
+            code = response.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = None  # a proxy's 503: the service was not reached
+        return code in _NOTHING_DONE or idempotent
+    return idempotent and status in (502, 504)  # a proxy in front of a restarting service
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # absent, or an HTTP date (no clock to trust here): back off as usual
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP) if math.isfinite(seconds) else None
+
+
 def _grant(data: dict[str, Any]) -> Grant:
     return Grant(
         data["name"],
@@ -129,17 +173,32 @@ class AsyncHTTPWaiter:
         self._holder = holder
 
     async def wait(self, timeout: float) -> bool:
-        timeout = min(max(0.0, timeout), self._backend.max_wait)
-        if timeout <= 0:
-            return False
-        data = await self._backend.call(
-            "POST",
-            "/v1/semaphores/wait",
-            {"name": self._name, "holder": self._holder, "timeout": timeout},
-            timeout=timeout + POLL_SLACK,
-            poll=True,
-        )
-        return bool(data["woken"])
+        """Long-poll until woken or ``timeout``. While the service restarts (refused or reset
+        connections, 503, an instance that ends its long polls to stop) it keeps trying
+        within ``timeout``, then answers "not woken": the caller's next try-acquire step
+        keeps its place in line (its holder's entry lives in the store, not the service)."""
+        deadline = time.monotonic() + min(max(0.0, timeout), MAX_WAIT_STEP)
+        while True:
+            left = min(deadline - time.monotonic(), self._backend.max_wait)
+            if left <= 0:
+                return False
+            try:
+                data = await self._backend.call(
+                    "POST",
+                    "/v1/semaphores/wait",
+                    {"name": self._name, "holder": self._holder, "timeout": round(left, 3)},
+                    timeout=left + POLL_SLACK,
+                    poll=True,
+                    budget=left,
+                )
+            except BackendUnavailable:
+                return False  # out of time while the service was away
+            if data["woken"]:
+                return True
+            if deadline - time.monotonic() < EARLY:
+                return False
+            # Answered "not woken" well before the time asked for: an instance that is
+            # stopping ended the long poll. Wait on for the rest (on the next instance).
 
     def handed(self, wait_id: int) -> Grant | None:
         return None  # the long poll answers "woken" only: the next try-acquire claims it
@@ -192,6 +251,7 @@ class AsyncHTTPQueueBackend:
                 "concurrency": concurrency,
                 "max_attempts": max_attempts,
             },
+            idempotent=True,  # one delivery per receipt: a repeat answers the same one
         )
         message = data.get("message")
         return ClaimResult(
@@ -220,13 +280,15 @@ class AsyncHTTPQueueBackend:
             },
             timeout=wait + POLL_SLACK,
             poll=True,
+            idempotent=False,
         )
         message = data.get("message")
         return _delivery(message) if message else None
 
     async def ack(self, name: str, id: str, receipt: str) -> bool:
         data = await self._backend.call(
-            "POST", "/v1/queues/ack", {"queue": name, "id": id, "receipt": receipt}
+            "POST", "/v1/queues/ack", {"queue": name, "id": id, "receipt": receipt},
+            idempotent=False,  # a repeat after a lost reply would answer "stale receipt"
         )
         return bool(data["acked"])
 
@@ -237,6 +299,7 @@ class AsyncHTTPQueueBackend:
             "POST",
             "/v1/queues/nack",
             {"queue": name, "id": id, "receipt": receipt, "delay": delay, "error": error},
+            idempotent=False,
         )
         return bool(data["nacked"])
 
@@ -245,6 +308,7 @@ class AsyncHTTPQueueBackend:
             "POST",
             "/v1/queues/extend",
             {"queue": name, "id": id, "receipt": receipt, "seconds": seconds},
+            idempotent=False,
         )
         deadline = data.get("deadline")
         return None if deadline is None else float(deadline)
@@ -283,13 +347,13 @@ class AsyncHTTPQueueBackend:
 
     async def requeue(self, name: str, ids: list[str] | None) -> int:
         data = await self._backend.call(
-            "POST", "/v1/admin/requeue-dead", {"queue": name, "ids": ids}
+            "POST", "/v1/admin/requeue-dead", {"queue": name, "ids": ids}, idempotent=False
         )
         return int(data["requeued"])
 
     async def purge_dead(self, name: str, ids: list[str] | None) -> int:
         data = await self._backend.call(
-            "POST", "/v1/admin/purge-dead", {"queue": name, "ids": ids}
+            "POST", "/v1/admin/purge-dead", {"queue": name, "ids": ids}, idempotent=False
         )
         return int(data["purged"])
 
@@ -364,36 +428,64 @@ class AsyncHTTPBackend:
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
         poll: bool = False,
+        idempotent: bool = True,
+        budget: float | None = None,
     ) -> Any:
+        """One request, retried while the service is away (a restart, an overload), with
+        capped exponential backoff and jitter, for at most ``budget`` seconds (default: the
+        client's ``timeout``). Connection refusals and 503 ``overloaded``/``shutting_down``
+        (answered before anything was done) are always retried; a reset connection, a timeout
+        and other 503s only when repeating the request is harmless (``idempotent``: every
+        lock operation, by holder or token; the reads)."""
         if self._closed:
             raise BackendUnavailable(f"the client of {self._shown} is closed")
         self._check_fork()
-        http = self._poll if poll else self._http
-        try:
-            response = await http.request(
-                method,
-                self._base + path,
-                json=body,
-                params=params,
-                timeout=self._timeout if timeout is None else timeout,
-            )
-        except httpx.TimeoutException as exc:
-            raise BackendUnavailable(
-                f"the Turnstile service at {self._shown} did not answer in time"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(
-                f"cannot reach the Turnstile service at {self._shown}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        if response.status_code != 200:
-            raise _error(self._shown, response)
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise BackendUnavailable(
-                f"the Turnstile service at {self._shown} answered something other than JSON"
-            ) from exc
+        per_request = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + (self._timeout if budget is None else budget)
+        attempt = 0
+        while True:
+            http = self._poll if poll else self._http
+            retry_after: float | None = None
+            try:
+                response = await http.request(
+                    method, self._base + path, json=body, params=params, timeout=per_request
+                )
+            except httpx.TimeoutException as exc:
+                failure: Exception = BackendUnavailable(
+                    f"the Turnstile service at {self._shown} did not answer in time"
+                )
+                failure.__cause__ = exc
+                again = idempotent or isinstance(exc, httpx.ConnectTimeout)
+            except httpx.HTTPError as exc:
+                failure = BackendUnavailable(
+                    f"cannot reach the Turnstile service at {self._shown}: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                failure.__cause__ = exc
+                again = idempotent or isinstance(exc, httpx.ConnectError)
+            else:
+                if response.status_code == 200:
+                    try:
+                        return response.json()
+                    except ValueError as exc:
+                        raise BackendUnavailable(
+                            f"the Turnstile service at {self._shown} answered something other "
+                            "than JSON"
+                        ) from exc
+                failure = _error(self._shown, response)
+                again = _retriable(response, idempotent)
+                retry_after = _retry_after(response)
+            left = deadline - time.monotonic()
+            if not again or left <= 0:
+                raise failure
+            attempt += 1
+            pause = min(RETRY_CAP, RETRY_FIRST * 2 ** min(attempt, 16))
+            pause *= random.uniform(0.5, 1.0)  # jitter: a restart's waiters do not return in step
+            if retry_after is not None:
+                pause = max(pause, retry_after)
+            log.debug("retrying %s %s in %.2f s: %s", method, path, min(pause, left), failure)
+            await _compat.sleep(min(pause, left))
+            self._check_fork()
 
     def _check_fork(self) -> None:
         """In a forked child: connections of its own. Keep-alive connections copied from the
@@ -407,7 +499,8 @@ class AsyncHTTPBackend:
     async def handshake(self) -> None:
         """Check that a Turnstile service answers and accepts the token; learn its store."""
         try:
-            info = await self.call("GET", "/v1/info")
+            # No retries: a service that is not there at connect() is reported at once.
+            info = await self.call("GET", "/v1/info", budget=0.0)
         except NotSupported:
             raise ConfigurationError(
                 f"{self._shown} does not look like a Turnstile service (no /v1/info); "
@@ -448,6 +541,8 @@ class AsyncHTTPBackend:
                 "wait_ttl": wait_ttl,
                 "enqueue": enqueue,
             },
+            # A place in line lapses after wait_ttl: retrying longer would not keep it.
+            budget=min(self._timeout, wait_ttl),
         )
         lease = data.get("lease")
         return AcquireResult(
@@ -470,6 +565,8 @@ class AsyncHTTPBackend:
                 "POST",
                 "/v1/semaphores/renew",
                 {"name": name, "holder": holder, "token": token, "ttl": ttl},
+                # The renewer tries again sooner on its own; never retry past half a lease.
+                budget=min(self._timeout, ttl / 2),
             )
         except LeaseLost:
             return None

@@ -449,11 +449,13 @@ class WakeChannel:
     def signal(self, name: str, who: str) -> None:
         if not ABSTRACT_SOCKETS:
             return
-        if self._sender is None:
-            self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._sender.setblocking(False)
-        # Nobody bound (the waiter is between checks or gone): it will re-check by itself.
+        # Nobody bound (the waiter is between checks or gone), or no descriptor left for the
+        # sending socket: the waiter re-checks by itself. Signalling follows a commit, so it
+        # must never turn a committed operation into an error.
         with contextlib.suppress(OSError):
+            if self._sender is None:
+                self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sender.setblocking(False)
             self._sender.sendto(b"1", self.address(name, who))
 
     def bind(self, name: str, who: str) -> socket.socket | None:
