@@ -24,6 +24,10 @@ pytestmark = pytest.mark.timeout(120)
 
 SUPERVISORS = ["sigwaitinfo", "handlers"]
 
+# How long a `turnstile run` may take to wind up (forward a signal, reap its command, release,
+# exit). Milliseconds when idle; generous, so that a loaded machine cannot fail a test.
+EXIT_WAIT = 60.0
+
 # A child that reports SIGTERM/SIGINT in a file and exits 7; "ready" on stdout once set up.
 TRAPPING_CHILD = """
 import signal, sys, time
@@ -142,7 +146,7 @@ def test_timeout_has_its_own_exit_code_and_leaves_the_line(url: str) -> None:
         assert holders(url, "busy") == ["the-holder"]
     finally:
         holder.send_signal(signal.SIGTERM)
-        assert holder.wait(timeout=10) == 128 + signal.SIGTERM  # forwarded; child died of it
+        assert holder.wait(timeout=EXIT_WAIT) == 128 + signal.SIGTERM  # forwarded; child died of it
 
 
 RECORDER = """
@@ -201,7 +205,7 @@ def test_signals_are_forwarded_to_the_command(
         supervisor=supervisor,
     )
     proc.send_signal(signum)
-    assert proc.wait(timeout=10) == 7
+    assert proc.wait(timeout=EXIT_WAIT) == 7
     assert marker.read_text().split() == [signal.Signals(signum).name]  # once, not twice
     assert holders(url, "sig") == []
 
@@ -209,7 +213,7 @@ def test_signals_are_forwarded_to_the_command(
 def test_sighup_kills_an_untrapping_command_and_passes_its_status(url: str) -> None:
     proc = _holding(url, "hup")
     proc.send_signal(signal.SIGHUP)
-    assert proc.wait(timeout=10) == 128 + signal.SIGHUP
+    assert proc.wait(timeout=EXIT_WAIT) == 128 + signal.SIGHUP
     assert holders(url, "hup") == []
 
 
@@ -276,13 +280,13 @@ def test_a_signal_while_waiting_leaves_the_line(url: str) -> None:
         waiter = spawn("run", "--url", url, "--lock", "line", "--holder", "second", "--", "true")
         wait_until(lambda: waiters(url, "line") == ["second"], what="the waiter in line")
         waiter.send_signal(signal.SIGTERM)
-        assert waiter.wait(timeout=10) == 128 + signal.SIGTERM
+        assert waiter.wait(timeout=EXIT_WAIT) == 128 + signal.SIGTERM
         assert "stopped by SIGTERM" in stderr_of(waiter)
         assert waiters(url, "line") == []
         assert holders(url, "line") == ["first"]
     finally:
         holder.send_signal(signal.SIGTERM)
-        holder.wait(timeout=10)
+        holder.wait(timeout=EXIT_WAIT)
 
 
 @pytest.mark.parametrize("supervisor", SUPERVISORS)
@@ -303,8 +307,9 @@ def test_lease_taken_away_terminates_the_command_with_the_lost_code(
     with turnstile.connect(url) as client:
         assert client.lock("lost").release(holder="L")  # e.g. an operator's release
     started = time.monotonic()
-    assert proc.wait(timeout=10) == 79
-    assert time.monotonic() - started < 0.6 + 1.0  # noticed at the next renewal
+    assert proc.wait(timeout=EXIT_WAIT) == 79
+    # Noticed at a renewal (every 0.2 s), not when the command ends by itself after 60 s.
+    assert time.monotonic() - started < 30
     stderr = stderr_of(proc)
     assert "lost the lease on lock 'lost'" in stderr
     assert "exiting with 79" in stderr and "Traceback" not in stderr
@@ -331,7 +336,7 @@ def test_on_lost_wait_lets_the_command_finish(url: str, tmp_path: Path) -> None:
     )
     with turnstile.connect(url) as client:
         client.lock("lost").release(holder="L")
-    assert proc.wait(timeout=10) == 99
+    assert proc.wait(timeout=EXIT_WAIT) == 99
     assert done.exists()
     assert "it exited with 4" in stderr_of(proc)
 
@@ -345,12 +350,12 @@ def test_paused_past_its_ttl_the_holder_learns_it_lost(url: str, tmp_path: Path)
     first_token = turnstile.connect(url).status("pause").holders[0].token
     paused.send_signal(signal.SIGSTOP)
     try:
-        other = run("run", "--url", url, "--lock", "pause", "--timeout", "5", "--", *show)
+        other = run("run", "--url", url, "--lock", "pause", "--timeout", "30", "--", *show)
         assert other.returncode == 0, other.stderr
         assert int(other.stdout) > first_token
     finally:
         paused.send_signal(signal.SIGCONT)
-    assert paused.wait(timeout=10) == 79
+    assert paused.wait(timeout=EXIT_WAIT) == 79
     assert "lost the lease" in stderr_of(paused)
     assert marker.read_text().split() == ["SIGTERM"]
 
@@ -444,7 +449,7 @@ def test_url_comes_from_the_environment_then_the_default(url: str, tmp_path: Pat
         assert json.loads(before_command.stdout)["holders"]
     finally:
         holding.send_signal(signal.SIGTERM)
-        holding.wait(timeout=10)
+        holding.wait(timeout=EXIT_WAIT)
     # Neither --url nor $TURNSTILE_URL: sqlite:///turnstile.db in the working directory.
     result = run("run", "--lock", "x", "--", "true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

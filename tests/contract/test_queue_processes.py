@@ -40,7 +40,9 @@ from tests.contract.queue_worker import run as run_worker
 qclient = queue_harness.qclient  # the fixture, for this module
 
 ROOT = Path(__file__).resolve().parents[2]
-VT = 1.0
+# A consumer stalled (descheduled) for longer than this between its get and its ack would see
+# its message delivered again while still working on it: much longer than any stall.
+VT = 4.0
 KEYS = [f"order-{i}" for i in range(8)]
 
 
@@ -111,6 +113,8 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
     q = qclient.queue(name, visibility_timeout=VT, max_attempts=20, concurrency=concurrency)
     shared_client = None if backend.cross_process else qclient
     stop = tmp_path / "stop"
+    gate = tmp_path / "gate"
+    gate.mkdir()
     consumers: list[Consumer] = []
     kills: list[tuple[str, float]] = []  # (log name, time)
     late_kills: list[str] = []  # killed after it had finished its message's work
@@ -121,6 +125,8 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
             "url": backend.url, "name": name, "log": str(tmp_path / f"worker-{i}.log"),
             "stop": str(stop), "vt": VT, "concurrency": concurrency, "seed": i,
             "work_ms": (5, 25), "max_seconds": 90,
+            # The first six start together and at least three hold a message at once.
+            "gate": {"dir": str(gate), "ready": 6, "overlap": 3, "hold": VT / 4},
         }
         consumers.append(Consumer(opts, shared_client))
 
