@@ -21,6 +21,34 @@ class BackendUnderTest:
     row: BackendRow
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep together, on one pytest-xdist worker (``--dist loadgroup``, as ``scripts/dev.py
+    test`` runs the suite), the tests that share a fixture wider than one test: a session
+    fixture of ours (e.g. ``pg_cluster``, a PostgreSQL server that its tests restart) is then
+    set up once, and a module's shared server once per module. Every other test owns its data
+    (tests/backends.py) and runs on whichever worker is free."""
+    for item in items:
+        group = _shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_fixture_group(item: pytest.Item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    module_group = None
+    for name in info.names_closure:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            if not getattr(fixturedef.func, "__module__", "").startswith("tests."):
+                continue  # a plugin's (e.g. pytest-asyncio's session event loop policy)
+            if fixturedef.scope == "session":
+                return name
+            if fixturedef.scope in ("package", "module", "class"):
+                module_group = item.nodeid.split("::", 1)[0]
+    return module_group
+
+
 def _params() -> list[object]:
     return [
         pytest.param(row, id=row.name, marks=getattr(pytest.mark, row.name)) for row in BACKENDS
