@@ -8,16 +8,12 @@ import time
 
 import turnstile
 
-from .lock_harness import START_TIMEOUT, Spawner
-
-# Leases and places in line that must last while worker processes start (seconds each on a
-# loaded machine): far longer than any such start may take.
-OUTLIVES_A_SPAWN = 4 * START_TIMEOUT
+from .lock_harness import LONG_TTL, Spawner
 
 
 def test_positions_and_idempotence(client: turnstile.Client, workers: Spawner) -> None:
     name = "tix:basic"
-    sem = client.semaphore(name, 1, ttl=OUTLIVES_A_SPAWN)
+    sem = client.semaphore(name, 1, ttl=LONG_TTL)
     boss = sem.acquire(timeout=5, holder="boss")
     assert [sem.try_acquire(h).position for h in ("a", "b", "c")] == [0, 1, 2]
     for _ in range(3):  # asking again keeps the place and adds nobody
@@ -27,7 +23,7 @@ def test_positions_and_idempotence(client: turnstile.Client, workers: Spawner) -
     assert [w.holder for w in sem.status().waiters] == ["a", "b", "c"]
 
     # release(holder) from another process also leaves the line
-    w = workers.spawn("release", name=name, limit=1, ttl=OUTLIVES_A_SPAWN, holder="b")
+    w = workers.spawn("release", name=name, limit=1, ttl=LONG_TTL, holder="b")
     assert w.wait_for("released")["result"] is True
     w.join()
     assert [w.holder for w in sem.status().waiters] == ["a", "c"]
@@ -42,13 +38,13 @@ def test_positions_and_idempotence(client: turnstile.Client, workers: Spawner) -
     assert sem.try_acquire("c").position == 0
 
     # another process asks for a ticket on the same line and sees the same state
-    w = workers.spawn("ticket", name=name, limit=1, ttl=OUTLIVES_A_SPAWN, holder="c")
+    w = workers.spawn("ticket", name=name, limit=1, ttl=LONG_TTL, holder="c")
     seen = w.wait_for("ticket")
     assert (seen["acquired"], seen["position"], seen["token"]) == (False, 0, None)
     w.join()
 
     # the holder finishes in another process: release by holder name
-    w = workers.spawn("release", name=name, limit=1, ttl=OUTLIVES_A_SPAWN, holder="a")
+    w = workers.spawn("release", name=name, limit=1, ttl=LONG_TTL, holder="a")
     assert w.wait_for("released")["result"] is True
     w.join()
     third = sem.try_acquire("c")
