@@ -18,7 +18,7 @@ import pytest
 
 import turnstile
 
-from ._invoke import holders, py, run, spawn, stderr_of, wait_until, waiters
+from ._invoke import default_signals, holders, py, run, spawn, stderr_of, wait_until, waiters
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -210,6 +210,26 @@ def test_signals_are_forwarded_to_the_command(
     assert holders(url, "sig") == []
 
 
+@pytest.mark.parametrize("supervisor", SUPERVISORS)
+def test_signals_reach_the_command_however_the_suite_was_started(
+    url: str, tmp_path: Path, supervisor: str
+) -> None:
+    """A suite started in the background of a script (SIGINT ignored) or under nohup (SIGHUP
+    ignored) passes that on to what it spawns, and `turnstile run` rightly keeps ignored
+    signals ignored: the commands under test must start with the defaults (_invoke)."""
+    ignored = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)}
+    try:
+        marker = tmp_path / "got"
+        proc = _holding(url, "ign", child=[*py(TRAPPING_CHILD), str(marker)],
+                        supervisor=supervisor)
+    finally:
+        for signum, handler in ignored.items():
+            signal.signal(signum, handler)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=EXIT_WAIT) == 7
+    assert marker.read_text().split() == ["SIGINT"]
+
+
 def test_sighup_kills_an_untrapping_command_and_passes_its_status(url: str) -> None:
     proc = _holding(url, "hup")
     proc.send_signal(signal.SIGHUP)
@@ -249,6 +269,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_command_once(url: str, tmp_path: Path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs at once
+        default_signals()
         os.execve(sys.executable, argv, env)
     output = b""
     try:
