@@ -80,8 +80,18 @@ class Consumer:
         if self.proc is not None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        else:
+        else:  # a thread abandons the message in hand (or its next one) and ends
             self.abandon.set()
+            assert self.thread is not None
+            self.thread.join(60)
+
+    def killed_mid_message(self) -> bool:
+        """After kill(): whether it left a message in flight (a process whose log ends in
+        "start"; a thread that logged "abandon" rather than stopping between messages)."""
+        if self.proc is not None:
+            return self.mid_message()
+        lines = Path(self.log).read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1])[0] == "abandon"
 
     def join(self, timeout: float) -> None:
         if self.proc is not None:
@@ -163,9 +173,9 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
                     victim = rnd.choice(victims)
                     victim.kill()
                     # The victim may have moved on between our look at its log and the kill.
-                    # Its log is final now: the kill counts as mid-message only if the log
-                    # still ends in "start".
-                    if victim.mid_message():
+                    # Its log is final now: the kill counts as mid-message only if it left
+                    # a message in flight.
+                    if victim.killed_mid_message():
                         kills.append((Path(victim.log).name, time.time()))
                     else:
                         late_kills.append(Path(victim.log).name)
