@@ -5,7 +5,10 @@
     python3 scripts/dev.py test [pytest options] # lint, type-check and the whole test suite
 
 Both create ``.venv`` (once; again when pyproject.toml changes) and install what they need
-into it. ``test`` uses the servers named by ``TURNSTILE_TEST_REDIS_URL``,
+into it. ``test`` runs pytest on ``TURNSTILE_TEST_WORKERS`` pytest-xdist workers (default
+below; 1 runs in one process), keeping tests that share a server fixture together
+(``--dist loadgroup``, groups set in tests/conftest.py); giving ``-n`` yourself overrides it.
+``test`` uses the servers named by ``TURNSTILE_TEST_REDIS_URL``,
 ``TURNSTILE_TEST_REDIS_CLUSTER_URL`` and ``TURNSTILE_TEST_POSTGRES_URL``; for each one not
 given it starts a throwaway server (a Redis, a 3-master Redis Cluster, a PostgreSQL) in a
 temporary directory on free ports, from binaries on PATH (or PostgreSQL's usual Debian
@@ -36,6 +39,9 @@ PY = VENV / "bin" / "python"
 TEST_EXTRAS = "redis,postgres,server,http"
 # [dependency-groups] of pyproject.toml (PEP 735): what developing needs, not user extras.
 TEST_GROUPS = "dev,bench"
+# Most of the suite's time is spent waiting (on leases, timeouts, processes starting), not
+# computing: more workers than cores still shortens the run (see docs/testing.md).
+DEFAULT_TEST_WORKERS = 4
 DEMO_EXTRAS = ""
 
 
@@ -186,6 +192,24 @@ def cmd_demo(args: list[str]) -> int:
     return subprocess.call([str(VENV / "bin" / "turnstile"), "demo", *args], cwd=ROOT)
 
 
+def parallel_args(args: list[str]) -> list[str]:
+    """pytest-xdist options, unless the caller chose (``-n``, ``-p no:xdist``) or asked for 1."""
+    chosen = any(
+        a in ("no:xdist", "-pno:xdist") or a.startswith(("-n", "--numprocesses"))
+        for a in args
+    )
+    if chosen:
+        return []
+    raw = os.environ.get("TURNSTILE_TEST_WORKERS", "") or str(DEFAULT_TEST_WORKERS)
+    try:
+        workers = int(raw)
+    except ValueError:
+        raise StepFailed(f"TURNSTILE_TEST_WORKERS must be a whole number, got {raw!r}") from None
+    if workers < 1:
+        raise StepFailed(f"TURNSTILE_TEST_WORKERS must be 1 or more, got {workers}")
+    return [] if workers == 1 else ["-n", str(workers), "--dist", "loadgroup"]
+
+
 def cmd_test(args: list[str]) -> int:
     started = time.monotonic()
     ensure_venv(TEST_EXTRAS, TEST_GROUPS)
@@ -195,7 +219,8 @@ def cmd_test(args: list[str]) -> int:
     run([str(PY), "-m", "ruff", "check", "src", "tests", "scripts", "benchmarks"], cwd=ROOT)
     run([str(PY), "-m", "mypy"], cwd=ROOT)
     with test_servers():
-        pytest = [str(PY), "-m", "pytest", "-p", "no:cacheprovider", "-ra", *args]
+        pytest = [str(PY), "-m", "pytest", "-p", "no:cacheprovider", "-ra", *parallel_args(args)]
+        pytest += args
         log(" ".join(pytest[1:]))
         proc = subprocess.Popen(pytest, cwd=ROOT, env=os.environ)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,23 @@ HANDLERS_PRELUDE = (
     "import sys, turnstile.cli.run as r; r._SIGWAIT = False; "
     "from turnstile.cli import main; sys.exit(main(sys.argv[1:]))"
 )
+
+
+# The signals `turnstile run` forwards. A suite started in the background of a
+# non-interactive shell inherits SIGINT and SIGQUIT ignored, one started under nohup SIGHUP
+# ignored; `turnstile run` keeps ignored signals ignored (it must: that is how nohup works),
+# so the commands under test start with the defaults, as from a terminal.
+DEFAULTED_SIGNALS = tuple(
+    getattr(signal, n)
+    for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, n)
+)
+
+
+def default_signals() -> None:
+    """In a child before it execs: the default action for every signal under test."""
+    for signum in DEFAULTED_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def command(args: Sequence[str], supervisor: str = "sigwaitinfo") -> list[str]:
@@ -46,6 +64,7 @@ def run(
         text=True,
         timeout=timeout,
         cwd=cwd,
+        preexec_fn=default_signals,
     )
 
 
@@ -61,6 +80,7 @@ def spawn(
         stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,
     )
 
 

@@ -24,6 +24,9 @@ from . import lock_worker as _worker
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 60.0  # a fresh interpreter on a loaded 2-core machine can be slow to start
+# A ttl (or wait_ttl) for leases and places in line that must last while the test starts
+# worker processes or simply runs on, unrenewed: far longer than any of that may take.
+LONG_TTL = 4 * START_TIMEOUT
 
 
 class WorkerFailed(AssertionError):

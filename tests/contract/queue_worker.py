@@ -34,17 +34,29 @@ def run(opts: dict[str, Any], client: turnstile.Client | None = None,
     )
     lo, hi = opts.get("work_ms", (5, 25))
     deadline = time.monotonic() + opts.get("max_seconds", 120)
+    gate = opts.get("gate")  # {"dir", "ready", "overlap", "hold"}: see _wait_for_others
     try:
         with open(opts["log"], "a", buffering=1) as log:
             def emit(*event: Any) -> None:
                 log.write(json.dumps(event) + "\n")
                 log.flush()
 
+            if gate is not None:  # start together, however slowly the processes came up
+                _wait_for_others(gate, "ready", opts["seed"], gate["ready"], deadline)
+            first = True
             while not os.path.exists(opts["stop"]) and time.monotonic() < deadline:
                 m = q.get(timeout=0.3)
                 if m is None:
                     continue
                 emit("start", m.id, m.key, m.payload["n"], m.attempt, time.time())
+                if gate is not None and first:
+                    # Overlap for sure: hold the first message until enough others hold one
+                    # (bounded well below the visibility timeout, so it is never redelivered).
+                    _wait_for_others(
+                        gate, "holding", opts["seed"], gate["overlap"],
+                        min(deadline, time.monotonic() + gate["hold"]),
+                    )
+                first = False
                 time.sleep(rnd.uniform(lo, hi) / 1000)
                 if abandon is not None and abandon.is_set():
                     emit("abandon", m.id, time.time())
@@ -54,6 +66,19 @@ def run(opts: dict[str, Any], client: turnstile.Client | None = None,
     finally:
         if own:
             client.close()
+
+
+def _wait_for_others(
+    gate: dict[str, Any], stage: str, seed: int, count: int, deadline: float
+) -> None:
+    """A barrier between consumer processes through files: mark this consumer as having
+    reached ``stage``, then wait until ``count`` have (or ``deadline`` passes)."""
+    folder = gate["dir"]
+    open(os.path.join(folder, f"{stage}-{seed}"), "w").close()
+    while time.monotonic() < deadline:
+        if sum(name.startswith(f"{stage}-") for name in os.listdir(folder)) >= count:
+            return
+        time.sleep(0.005)
 
 
 if __name__ == "__main__":

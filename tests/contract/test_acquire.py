@@ -11,11 +11,11 @@ import pytest
 
 import turnstile
 
-from .lock_harness import Spawner, wait_until
+from .lock_harness import LONG_TTL, Spawner, wait_until
 
 
 def test_timeout_raises_and_leaves_no_waiting_entry(client: turnstile.Client) -> None:
-    lock = client.lock("acq:timeout", ttl=2.0)
+    lock = client.lock("acq:timeout", ttl=LONG_TTL)
     with lock.acquire(timeout=5, holder="boss") as boss:
         assert lock.try_acquire("queued").position == 0
         started = time.monotonic()
@@ -24,7 +24,7 @@ def test_timeout_raises_and_leaves_no_waiting_entry(client: turnstile.Client) ->
         elapsed = time.monotonic() - started
         assert isinstance(info.value, TimeoutError)
         assert "acq:timeout" in str(info.value)
-        assert 0.3 <= elapsed < 0.3 + 2.0
+        assert 0.3 <= elapsed < 0.3 + 10  # and not much longer
         st = lock.status()
         assert [w.holder for w in st.waiters] == ["queued"]  # the line is as it was
         assert [(h.holder, h.token) for h in st.holders] == [("boss", boss.token)]
@@ -32,12 +32,12 @@ def test_timeout_raises_and_leaves_no_waiting_entry(client: turnstile.Client) ->
 
 
 def test_timeout_zero_does_not_wait_or_queue(client: turnstile.Client) -> None:
-    lock = client.lock("acq:zero", ttl=2.0)
+    lock = client.lock("acq:zero", ttl=LONG_TTL)
     with lock.acquire(timeout=0) as lease:  # free: granted at once
         started = time.monotonic()
         with pytest.raises(turnstile.AcquireTimeout):
             lock.acquire(timeout=0)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 10  # one round trip
         assert lock.status().waiters == ()
         assert [h.token for h in lock.status().holders] == [lease.token]
 
@@ -46,21 +46,23 @@ def test_timed_out_waiter_in_another_process_leaves_the_line(
     client: turnstile.Client, workers: Spawner
 ) -> None:
     name = "acq:timeout-remote"
-    lock = client.lock(name, ttl=2.0)
+    lock = client.lock(name, ttl=LONG_TTL)
     with lock.acquire(timeout=5, holder="boss"):
-        w = workers.spawn("wait_grant", name=name, limit=1, ttl=2.0, holder="remote", timeout=0.5)
+        w = workers.spawn(
+            "wait_grant", name=name, limit=1, ttl=LONG_TTL, holder="remote", timeout=0.5
+        )
         w.wait_for("ready")
         w.send("go")
         wait_until(lambda: lock.status().waiters, 30, what="remote waiter in line")
         out = w.wait_for("timeout", timeout=30)
-        assert 0.5 <= out["waited"] < 0.5 + 2.0
+        assert 0.5 <= out["waited"] < 0.5 + 10  # and not much longer
         w.join()
         assert lock.status().waiters == ()
     assert lock.status().holders == ()  # no grant was left to the waiter that gave up
 
 
 def test_acquire_nowait(client: turnstile.Client) -> None:
-    sem = client.semaphore("acq:nowait", 2, ttl=2.0)
+    sem = client.semaphore("acq:nowait", 2, ttl=LONG_TTL)
     a = sem.acquire_nowait()
     b = sem.acquire_nowait(holder="b")
     assert b.holder == "b" and b.token > a.token
@@ -82,15 +84,15 @@ def test_acquire_nowait(client: turnstile.Client) -> None:
 
 
 def test_lease_fields_and_default_holder(client: turnstile.Client) -> None:
-    lock = client.lock("acq:fields", ttl=2.0)
+    lock = client.lock("acq:fields", ttl=LONG_TTL)
     assert not lock.locked()
     with lock.acquire(timeout=5) as lease:
         assert lease.name == "acq:fields"
         assert lease.holder.startswith(f"{socket.gethostname()}/{os.getpid()}/")
         assert isinstance(lease.token, int)
-        assert lease.expires_at == pytest.approx(lease.acquired_at + 2.0, abs=0.01)
+        assert lease.expires_at == pytest.approx(lease.acquired_at + LONG_TTL, abs=0.01)
         assert not lease.lost
-        assert 0 < lease.remaining <= 2.0
+        assert 0 < lease.remaining <= LONG_TTL
         assert lock.locked()
         assert "acq:fields" in repr(lease)
     assert not lock.locked()
@@ -101,7 +103,7 @@ def test_lease_fields_and_default_holder(client: turnstile.Client) -> None:
 
 
 def test_exception_in_block_releases_and_propagates(client: turnstile.Client) -> None:
-    lock = client.lock("acq:raise", ttl=2.0)
+    lock = client.lock("acq:raise", ttl=LONG_TTL)
     with pytest.raises(KeyError), lock.acquire(timeout=5):
         raise KeyError("inside")
     assert lock.status().holders == ()
@@ -109,7 +111,7 @@ def test_exception_in_block_releases_and_propagates(client: turnstile.Client) ->
 
 def test_blocked_acquire_in_threads_of_one_client(client: turnstile.Client) -> None:
     """Many threads of one process on one client wait in line and all get through."""
-    lock = client.lock("acq:threads", ttl=2.0)
+    lock = client.lock("acq:threads", ttl=LONG_TTL)
     tokens: list[int] = []
     guard = threading.Lock()
     inside = [0]

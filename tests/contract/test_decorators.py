@@ -30,7 +30,7 @@ def test_sequential_sync(client: turnstile.Client) -> None:
 
     @client.sequential(key=lambda event: event["order"], ttl=2.0, timeout=30, prefix="dec:order:")
     def handle(event: dict[str, str]) -> str:
-        _record(log, guard, event["order"], 0.15)
+        _record(log, guard, event["order"], 0.5)  # long enough for A and B to overlap
         return event["order"] + "!"
 
     assert handle.__name__ == "handle"
@@ -115,7 +115,7 @@ async def test_sequential_and_limited_async(aclient: turnstile.aio.AsyncClient) 
 
     async def record(key: str) -> None:
         start = time.monotonic()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # long enough for the parallel ones to overlap
         log.append({"key": key, "start": start, "end": time.monotonic(), "token": len(log)})
 
     @aclient.sequential(key=lambda order: order, ttl=2.0, timeout=30, prefix="adec:")

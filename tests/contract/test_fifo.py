@@ -15,6 +15,9 @@ from tests.conftest import BackendUnderTest
 from .lock_harness import Spawner, Worker, require_processes, wait_until
 
 WAITERS = 6
+# A live waiter keeps its place by asking again every third of its wait_ttl (= ttl here): it
+# would have to stall for two thirds of it to lose its place.
+WAITER_TTL = 10.0
 
 
 def _queue_up(
@@ -59,9 +62,9 @@ def _grant_order(started: list[Worker], limit: int) -> list[str]:
 
 @pytest.mark.slow
 def test_lock_grants_in_arrival_order(client: turnstile.Client, workers: Spawner) -> None:
-    lock = client.lock("fifo:lock", ttl=2.0)
+    lock = client.lock("fifo:lock", ttl=WAITER_TTL)
     with lock.acquire(timeout=10, holder="first"):
-        started = _queue_up(client, workers, "fifo:lock", 1, 2.0, WAITERS)
+        started = _queue_up(client, workers, "fifo:lock", 1, WAITER_TTL, WAITERS)
         time.sleep(0.1)
         assert not any(w.all("granted") for w in started), "granted while the lock was held"
     assert _grant_order(started, 1) == [f"w{i}" for i in range(WAITERS)]
@@ -69,11 +72,11 @@ def test_lock_grants_in_arrival_order(client: turnstile.Client, workers: Spawner
 
 @pytest.mark.slow
 def test_semaphore_grants_in_arrival_order(client: turnstile.Client, workers: Spawner) -> None:
-    sem = client.semaphore("fifo:sem", 2, ttl=2.0)
+    sem = client.semaphore("fifo:sem", 2, ttl=WAITER_TTL)
     a = sem.acquire(timeout=10, holder="a")
     b = sem.acquire(timeout=10, holder="b")
     with a, b:
-        started = _queue_up(client, workers, "fifo:sem", 2, 2.0, WAITERS)
+        started = _queue_up(client, workers, "fifo:sem", 2, WAITER_TTL, WAITERS)
     assert _grant_order(started, 2) == [f"w{i}" for i in range(WAITERS)]
 
 
@@ -82,9 +85,9 @@ def test_killed_waiter_loses_its_place(
     backend: BackendUnderTest, client: turnstile.Client, workers: Spawner
 ) -> None:
     """kill -9 of a waiter in the middle of the line: the waiters behind it are still served,
-    in order, at most ``wait_ttl`` (here = ttl) + 1 s after the handover it would have got."""
+    in order, soon after ``wait_ttl`` (here = ttl) past the handover it would have got."""
     require_processes(backend, "kill -9 of a waiting process")
-    ttl = 1.0
+    ttl = 3.0  # the live waiters ask every second: they keep their places however loaded
     lock = client.lock("fifo:dead", ttl=ttl)
     with lock.acquire(timeout=10, holder="first"):
         w0, w1, w2 = _queue_up(client, workers, "fifo:dead", 1, ttl, 3)
@@ -95,13 +98,13 @@ def test_killed_waiter_loses_its_place(
     g2 = w2.wait_for("granted", timeout=30)
     assert g0["token"] < g2["token"]
     stalled = g2["t"] - r0["t"]
-    assert stalled <= ttl + 1.0, f"the dead waiter blocked the line for {stalled:.2f} s"
+    assert stalled <= 2 * ttl, f"the dead waiter blocked the line for {stalled:.2f} s"
     assert not w1.all("granted")
     assert "w1" not in [h.holder for h in lock.status().holders]
 
 
 def test_status_reports_holders_and_line(client: turnstile.Client) -> None:
-    ttl = 5.0
+    ttl = 120.0  # a and b are not renewed: they last the whole test
     sem = client.semaphore("fifo:status", 2, ttl=ttl)
     a = sem.acquire(timeout=5, holder="a")
     b = sem.acquire(timeout=5, holder="b")

@@ -40,7 +40,9 @@ from tests.contract.queue_worker import run as run_worker
 qclient = queue_harness.qclient  # the fixture, for this module
 
 ROOT = Path(__file__).resolve().parents[2]
-VT = 1.0
+# A consumer stalled (descheduled) for longer than this between its get and its ack would see
+# its message delivered again while still working on it: much longer than any stall.
+VT = 4.0
 KEYS = [f"order-{i}" for i in range(8)]
 
 
@@ -78,8 +80,18 @@ class Consumer:
         if self.proc is not None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        else:
+        else:  # a thread abandons the message in hand (or its next one) and ends
             self.abandon.set()
+            assert self.thread is not None
+            self.thread.join(60)
+
+    def killed_mid_message(self) -> bool:
+        """After kill(): whether it left a message in flight (a process whose log ends in
+        "start"; a thread that logged "abandon" rather than stopping between messages)."""
+        if self.proc is not None:
+            return self.mid_message()
+        lines = Path(self.log).read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1])[0] == "abandon"
 
     def join(self, timeout: float) -> None:
         if self.proc is not None:
@@ -111,6 +123,8 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
     q = qclient.queue(name, visibility_timeout=VT, max_attempts=20, concurrency=concurrency)
     shared_client = None if backend.cross_process else qclient
     stop = tmp_path / "stop"
+    gate = tmp_path / "gate"
+    gate.mkdir()
     consumers: list[Consumer] = []
     kills: list[tuple[str, float]] = []  # (log name, time)
     late_kills: list[str] = []  # killed after it had finished its message's work
@@ -121,6 +135,8 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
             "url": backend.url, "name": name, "log": str(tmp_path / f"worker-{i}.log"),
             "stop": str(stop), "vt": VT, "concurrency": concurrency, "seed": i,
             "work_ms": (5, 25), "max_seconds": 90,
+            # The first six start together and at least three hold a message at once.
+            "gate": {"dir": str(gate), "ready": 6, "overlap": 3, "hold": VT / 4},
         }
         consumers.append(Consumer(opts, shared_client))
 
@@ -157,9 +173,9 @@ def test_many_consumers_kill_9_order_cap_nothing_lost(
                     victim = rnd.choice(victims)
                     victim.kill()
                     # The victim may have moved on between our look at its log and the kill.
-                    # Its log is final now: the kill counts as mid-message only if the log
-                    # still ends in "start".
-                    if victim.mid_message():
+                    # Its log is final now: the kill counts as mid-message only if it left
+                    # a message in flight.
+                    if victim.killed_mid_message():
                         kills.append((Path(victim.log).name, time.time()))
                     else:
                         late_kills.append(Path(victim.log).name)

@@ -55,13 +55,14 @@ def test_work_acks_and_nacks_with_backoff_until_dead(qclient: turnstile.Client) 
 
 
 def test_work_extends_long_handlers(qclient: turnstile.Client) -> None:
-    q = qclient.queue("long", visibility_timeout=0.3)
+    vt = 3.0  # extended every second: an extension may be two seconds late before it lapses
+    q = qclient.queue("long", visibility_timeout=vt)
     q.put("slow")
     attempts: list[int] = []
 
     def handler(m: turnstile.Message) -> None:
         attempts.append(m.attempt)
-        time.sleep(1.2)  # four visibility timeouts
+        time.sleep(1.5 * vt)  # outlives its visibility timeout
 
     result = q.work(handler, workers=2, idle_timeout=0.8)
     assert attempts == [1]  # never delivered again while it ran
@@ -75,12 +76,18 @@ def test_work_max_messages_and_stop(qclient: turnstile.Client) -> None:
     assert q.work(lambda m: None, max_messages=2).acked == 2
     assert q.stats().ready == 3
     started = threading.Event()
+    stopped = threading.Event()
 
     def handler(m: turnstile.Message) -> None:
         started.set()
-        time.sleep(0.3)
+        assert stopped.wait(60)  # still at work when stop() is called, however late that is
 
-    timer = threading.Timer(0.1, lambda: (started.wait(5), q.stop()))
+    def stop_once_started() -> None:
+        started.wait(60)
+        q.stop()
+        stopped.set()
+
+    timer = threading.Thread(target=stop_once_started)
     timer.start()
     result = q.work(handler, workers=1, handle_signals=False)
     timer.join()
@@ -106,25 +113,28 @@ def test_sigterm_finishes_current_messages_and_takes_no_new_one(
 ) -> None:
     if not backend.cross_process:
         pytest.skip("memory:// is one process: see test_work_max_messages_and_stop")
-    q = qclient.queue("graceful", visibility_timeout=5)
+    q = qclient.queue("graceful", visibility_timeout=30)
     for i in range(6):
         q.put(i)
     log = tmp_path / "work.log"
-    opts = {"url": backend.url, "name": "graceful", "vt": 5, "log": str(log), "work_s": 0.6,
+    # Both handlers run work_s after the later of them started: the signal, sent once both
+    # started, has that long to be handled.
+    opts = {"url": backend.url, "name": "graceful", "vt": 30, "log": str(log), "work_s": 2.0,
             "workers": 2}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.contract.queue_work_worker", json.dumps(opts)],
         cwd=ROOT, stdout=subprocess.PIPE,
     )
     try:
-        for _ in range(200):  # until both workers are mid-message
+        deadline = time.monotonic() + 60  # a fresh process may be slow to start
+        while time.monotonic() < deadline:  # until both workers are mid-message
             if log.exists() and log.read_text().count("start") >= 2:
                 break
             time.sleep(0.05)
         else:
             pytest.fail("workers did not start")
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -141,7 +151,8 @@ def test_sigterm_finishes_current_messages_and_takes_no_new_one(
 
 
 async def test_async_work(aqclient: turnstile.aio.Client) -> None:
-    q = aqclient.queue("async-work", visibility_timeout=0.3, max_attempts=2)
+    vt = 3.0  # extended every second: an extension may be two seconds late before it lapses
+    q = aqclient.queue("async-work", visibility_timeout=vt, max_attempts=2)
     for i in range(4):
         await q.put(i, key="K")
     await q.put("boom")
@@ -151,7 +162,7 @@ async def test_async_work(aqclient: turnstile.aio.Client) -> None:
         order.append(m.payload)
         if m.payload == "boom":
             raise RuntimeError("x")
-        await asyncio.sleep(0.5 if m.payload == 0 else 0.01)  # 0 outlives its timeout
+        await asyncio.sleep(1.2 * vt if m.payload == 0 else 0.01)  # 0 outlives its timeout
 
     result = await q.work(handler, workers=3, idle_timeout=0.8, backoff=0.05)
     assert [p for p in order if p != "boom"] == [0, 1, 2, 3]

@@ -9,11 +9,11 @@ import pytest
 
 import turnstile
 
-from .lock_harness import Spawner
+from .lock_harness import LONG_TTL, Spawner
 
 
 def test_double_release_is_harmless(client: turnstile.Client) -> None:
-    lock = client.lock("rel:double", ttl=2.0)
+    lock = client.lock("rel:double", ttl=LONG_TTL)
     lease = lock.acquire(timeout=5, holder="h")
     assert lease.release() is True
     assert lease.release() is False
@@ -30,14 +30,14 @@ def test_stale_token_never_releases_a_newer_grant(
     """The same holder id, granted again: its old token releases nothing — in this process
     or from another one."""
     name = "rel:stale"
-    lock = client.lock(name, ttl=2.0)
+    lock = client.lock(name, ttl=LONG_TTL)
     old = lock.acquire(timeout=5, holder="h")
     assert old.release()
     new = lock.acquire(timeout=5, holder="h")
     assert new.token > old.token
     assert lock.release("h", old.token) is False
     assert old.release() is False
-    w = workers.spawn("release", name=name, limit=1, ttl=2.0, holder="h", token=old.token)
+    w = workers.spawn("release", name=name, limit=1, ttl=LONG_TTL, holder="h", token=old.token)
     assert w.wait_for("released")["result"] is False
     w.join()
     assert [(h.holder, h.token) for h in lock.status().holders] == [("h", new.token)]
@@ -52,7 +52,7 @@ def test_expired_lease_releases_nothing(client: turnstile.Client) -> None:
     lock = client.lock("rel:expired", ttl=0.2)
     stale = lock.acquire(timeout=5, holder="a")
     time.sleep(0.3)
-    newer = lock.acquire(timeout=5, holder="b")
+    newer = client.lock("rel:expired", ttl=LONG_TTL).acquire(timeout=5, holder="b")
     assert stale.release() is False
     assert lock.release("a", stale.token) is False
     assert [(h.holder, h.token) for h in lock.status().holders] == [("b", newer.token)]
@@ -60,7 +60,7 @@ def test_expired_lease_releases_nothing(client: turnstile.Client) -> None:
 
 
 def test_release_of_unknown_holder_is_harmless(client: turnstile.Client) -> None:
-    sem = client.semaphore("rel:unknown", 2, ttl=2.0)
+    sem = client.semaphore("rel:unknown", 2, ttl=LONG_TTL)
     assert sem.release("nobody") is False
     assert sem.release("nobody", 12345) is False
     with sem.acquire(timeout=5, holder="a") as a:
@@ -84,9 +84,9 @@ def test_renew_of_released_or_lost_lease_raises(client: turnstile.Client) -> Non
 
 def test_release_by_holder_from_another_process(client: turnstile.Client, workers: Spawner) -> None:
     name = "rel:remote"
-    lock = client.lock(name, ttl=2.0)
+    lock = client.lock(name, ttl=LONG_TTL)
     lease = lock.acquire(timeout=5, holder="exec-1")
-    w = workers.spawn("release", name=name, limit=1, ttl=2.0, holder="exec-1")
+    w = workers.spawn("release", name=name, limit=1, ttl=LONG_TTL, holder="exec-1")
     assert w.wait_for("released")["result"] is True
     w.join()
     assert lock.status().holders == ()

@@ -93,15 +93,16 @@ def test_semaphore_bound_kept_and_used(
 def test_semaphore_bound_under_renewal(client: turnstile.Client) -> None:
     """Holders that keep renewing (hold > ttl) still never exceed the limit, and none is lost."""
 
-    sem = client.semaphore("safety:renewing", 2, ttl=0.3)
+    ttl = 3.0  # renewed every second: a renewal may be two seconds late before it is lost
+    sem = client.semaphore("safety:renewing", 2, ttl=ttl)
     intervals: list[dict[str, Any]] = []
     lock = threading.Lock()
 
     def run() -> None:
         asked = time.monotonic()
-        with sem.acquire(timeout=20) as lease:
+        with sem.acquire(timeout=60) as lease:
             start = time.monotonic()
-            time.sleep(0.7)  # more than two ttls: only renewal keeps the lease
+            time.sleep(ttl + 0.5)  # more than a ttl: only renewal keeps the lease
             lost = lease.lost
             end = time.monotonic()
         with lock:

@@ -66,15 +66,17 @@ async def test_long_polls_never_starve_a_renewal(sqlite_served: Served) -> None:
     client = await turnstile.aio.connect(sqlite_served.url("writer"))
     backend = client.backend
     try:
-        lease = await client.lock("crowd", ttl=5).acquire(timeout=5, holder="owner")
+        # Unrenewed until the renewal below: it lasts while the 120 waiters are set up.
+        lease = await client.lock("crowd", ttl=120).acquire(timeout=5, holder="owner")
         waiters = [await backend.open_waiter("crowd", f"w{i}") for i in range(120)]
-        polls = [asyncio.ensure_future(w.wait(8)) for w in waiters]
+        polls = [asyncio.ensure_future(w.wait(10)) for w in waiters]
         await asyncio.sleep(1.0)  # let them all reach the service and block there
         assert not any(p.done() for p in polls)
         started = time.monotonic()
         await lease.renew()
-        ticket = await client.lock("crowd", ttl=5).try_acquire("next")
-        assert time.monotonic() - started < 2.0, "a renewal waited behind the long polls"
+        ticket = await client.lock("crowd", ttl=120).try_acquire("next")
+        # Behind the long polls it would wait until they end (10 s).
+        assert time.monotonic() - started < 6.0, "a renewal waited behind the long polls"
         assert not ticket.acquired and ticket.position == 0
         await lease.release()  # wakes "next" only: its poll is not among these
         for poll in polls:

@@ -97,9 +97,9 @@ def test_bytes_dedup_delay_nack_extend_and_dead_letters(served: Served) -> None:
         "dead_letters": dead
     }
     # A delayed message is not delivered before it is due.
-    put(api, "d", "later", delay=0.5)
+    put(api, "d", "later", delay=3.0)  # the next get comes well within it
     assert get(api, "d") is None
-    time.sleep(0.6)
+    time.sleep(3.1)
     due = get(api, "d")
     assert due is not None and due["payload"] == "later"
     # Admin only: requeue and purge.
@@ -128,7 +128,7 @@ def test_long_poll_get_is_woken_by_a_put(served: Served) -> None:
     def consumer() -> None:
         with httpx.Client(base_url=served.server.base, headers=api.http.headers,
                           timeout=30) as mine:
-            response = mine.post("/v1/queues/get", json={"queue": "w", "wait": 8})
+            response = mine.post("/v1/queues/get", json={"queue": "w", "wait": 10})
             got["message"] = response.json()["message"]
             got["at"] = time.monotonic()
 
@@ -138,18 +138,19 @@ def test_long_poll_get_is_woken_by_a_put(served: Served) -> None:
     assert thread.is_alive()
     sent_at = time.monotonic()
     put(api, "w", "wake up")
-    thread.join(10)
+    thread.join(60)
     assert got["message"]["payload"] == "wake up"
-    assert got["at"] - sent_at < 2.0  # woken by the store, not by the end of the wait
+    assert got["at"] - sent_at < 8.0  # woken by the store, not by the end of the wait (10 s)
 
     # A consumer that gives up (disconnects) takes nothing with it.
-    gone = httpx.Client(base_url=served.server.base, headers=api.http.headers, timeout=0.5)
+    gone = httpx.Client(base_url=served.server.base, headers=api.http.headers,
+                        timeout=httpx.Timeout(30, read=0.5))
     with pytest.raises(httpx.ReadTimeout):
         gone.post("/v1/queues/get", json={"queue": "w2", "wait": 9})
     gone.close()
     time.sleep(0.3)
     put(api, "w2", "for the next one")
-    message = get(api, "w2", wait=2)
+    message = get(api, "w2", wait=10)
     assert message is not None and message["attempt"] == 1
     api.close()
 

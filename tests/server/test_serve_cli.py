@@ -107,7 +107,7 @@ def test_sigterm_stops_promptly_and_waiters_leave_the_line(tmp_path: Path) -> No
                           tokens=[{"name": "admin", "admin": True}])
     headers = {"Authorization": f"Bearer {server.tokens['admin']}"}
     api = httpx.Client(base_url=server.base, headers=headers)
-    api.post("/v1/locks/acquire", json={"name": "held", "holder": "owner", "ttl": 30})
+    api.post("/v1/locks/acquire", json={"name": "held", "holder": "owner", "ttl": 300})
     answers: list[str] = []
 
     def waiter() -> None:
@@ -121,15 +121,16 @@ def test_sigterm_stops_promptly_and_waiters_leave_the_line(tmp_path: Path) -> No
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not api.post("/v1/locks/status", json={"name": "held"}).json()["waiters"]:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(15) == 0
-    assert time.monotonic() - started < 3  # long polls end at once, not after a timeout
-    thread.join(10)
+    assert server.proc.wait(30) == 0
+    # Long polls end at once, not after their wait (40 s).
+    assert time.monotonic() - started < 20
+    thread.join(60)
     assert answers == ["shutting_down"]
     assert "Traceback" not in server.output()
     api.close()

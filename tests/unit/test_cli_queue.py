@@ -23,13 +23,16 @@ def test_cli_queue_round_trip(tmp_path: Path) -> None:
     assert tq(tmp_path, "put", "jobs", "-", "--key", "o42", stdin='"second"').returncode == 0
     stats = json.loads(tq(tmp_path, "stats", "jobs", "--json").stdout)
     assert (stats["ready"], stats["deepest_keys"]) == (2, [{"key": "o42", "pending": 2}])
-    got = tq(tmp_path, "get", "jobs", "--visibility-timeout", "1.5", "--max-attempts", "1")
+    import time
+
+    vt = 8.0  # the next command (a fresh process, slow to start on a loaded machine) runs within
+    taken = time.monotonic()
+    got = tq(tmp_path, "get", "jobs", "--visibility-timeout", str(vt), "--max-attempts", "1")
     m = json.loads(got.stdout)
     assert (m["id"], m["payload"], m["attempt"]) == (first.stdout.strip(), {"order": 42}, 1)
     assert tq(tmp_path, "get", "jobs").returncode == 75  # o42 is in flight
-    import time
-
-    time.sleep(1.6)  # its visibility timeout passes; max_attempts=1: dead
+    # its visibility timeout passes; max_attempts=1: dead
+    time.sleep(max(0.0, taken + vt + 0.2 - time.monotonic()))
     assert tq(tmp_path, "ack", "jobs", m["id"], m["receipt"]).returncode == 1  # stale
     dead = json.loads(tq(tmp_path, "dead", "jobs", "--json").stdout)
     assert [d["id"] for d in dead] == [m["id"]]

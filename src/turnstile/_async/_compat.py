@@ -130,6 +130,19 @@ async def recv_datagram(sock: socket.socket, timeout: float) -> bool:
 
 
 
+async def finish_then_cancel(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end even if the current task is cancelled meanwhile, then
+    raise that cancellation: a request already sent is answered, and so applied, before the
+    caller's clean-up (e.g. a release on another connection) can overtake it."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):  # its own failure is not the news here
+            await task
+        raise
+
+
 def cancel_count() -> int:
     """How many cancellations the current task has pending (0 outside a task)."""
     task = asyncio.current_task()

@@ -89,6 +89,11 @@ def recv_datagram(sock: socket.socket, timeout: float) -> bool:
 
 
 
+def finish_then_cancel(value: T) -> T:
+    """Threads are not cancelled: the call has finished already (twin of the async one)."""
+    return value
+
+
 def cancel_count() -> int:
     """Threads are not cancelled: always 0 (twin of the async flavour's check)."""
     return 0

@@ -531,19 +531,24 @@ class HTTPBackend:
     def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
-        data = self.call(
-            "POST",
-            "/v1/semaphores/try-acquire",
-            {
-                "name": name,
-                "holder": holder,
-                "limit": limit,
-                "ttl": ttl,
-                "wait_ttl": wait_ttl,
-                "enqueue": enqueue,
-            },
-            # A place in line lapses after wait_ttl: retrying longer would not keep it.
-            budget=min(self._timeout, wait_ttl),
+        # Cancelled while the request is in flight, the step may still be applied by the
+        # service after the caller's clean-up (a release, on another connection) and leave a
+        # grant behind for its ttl: it is answered first, then the cancellation goes on.
+        data = _compat.finish_then_cancel(
+            self.call(
+                "POST",
+                "/v1/semaphores/try-acquire",
+                {
+                    "name": name,
+                    "holder": holder,
+                    "limit": limit,
+                    "ttl": ttl,
+                    "wait_ttl": wait_ttl,
+                    "enqueue": enqueue,
+                },
+                # A place in line lapses after wait_ttl: retrying longer would not keep it.
+                budget=min(self._timeout, wait_ttl),
+            )
         )
         lease = data.get("lease")
         return AcquireResult(
