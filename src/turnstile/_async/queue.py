@@ -36,6 +36,14 @@ ERROR_BACKOFF_MAX = 5.0
 # (the backend may cap it, e.g. at the HTTP service's longest long poll).
 REMOTE_POLL = 30.0
 
+# What work() runs per message: a coroutine function here, a plain function in the sync twin.
+# unasync: async-only
+Handler = Callable[["AsyncMessage"], Awaitable[Any]]
+# unasync: end
+# unasync: sync-only
+# Handler = Callable[["AsyncMessage"], Any]
+# unasync: end
+
 
 class AsyncMessage:
     """One delivery of a message. Settle it with :meth:`ack` (done) or :meth:`nack` (failed:
@@ -342,7 +350,7 @@ class AsyncQueue:
 
     async def work(
         self,
-        handler: Callable[[AsyncMessage], Awaitable[Any]],
+        handler: Handler,
         workers: int = 1,
         *,
         idle_timeout: float | None = None,
@@ -462,7 +470,7 @@ class _WorkLoop:
     def __init__(
         self,
         queue: AsyncQueue,
-        handler: Callable[[AsyncMessage], Awaitable[Any]],
+        handler: Handler,
         stop: _compat.Event,
         idle_timeout: float | None,
         max_messages: int | None,

@@ -36,6 +36,9 @@ ERROR_BACKOFF_MAX = 5.0
 # (the backend may cap it, e.g. at the HTTP service's longest long poll).
 REMOTE_POLL = 30.0
 
+# What work() runs per message: a coroutine function here, a plain function in the sync twin.
+Handler = Callable[["Message"], Any]
+
 
 class Message:
     """One delivery of a message. Settle it with :meth:`ack` (done) or :meth:`nack` (failed:
@@ -342,7 +345,7 @@ class Queue:
 
     def work(
         self,
-        handler: Callable[[Message], Awaitable[Any]],
+        handler: Handler,
         workers: int = 1,
         *,
         idle_timeout: float | None = None,
@@ -426,7 +429,7 @@ class _WorkLoop:
     def __init__(
         self,
         queue: Queue,
-        handler: Callable[[Message], Awaitable[Any]],
+        handler: Handler,
         stop: _compat.Event,
         idle_timeout: float | None,
         max_messages: int | None,
