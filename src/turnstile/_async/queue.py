@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from .._core import queue_machine, records, timing, validate
+from .._core import queue_machine, records, telemetry, timing, validate
 from .._core.payload import decode_payload, encode_payload
 from .._core.records import DeadLetter, Delivery, QueueStats, WorkResult
 from ..errors import BackendUnavailable, InvalidArgument
@@ -66,6 +66,7 @@ class AsyncMessage:
         self.deadline = delivery.deadline
         self.settled = False
         self.lost = False
+        telemetry.queue_delivered(queue.name, self.id, self.attempt)
 
     def __repr__(self) -> str:
         return (
@@ -178,7 +179,9 @@ class AsyncQueue:
             dedup_id=validate.dedup_id(dedup_id),
             max_attempts=self.max_attempts,
         )
-        return await self._backend.put(self.name, message, dedup_window=self.dedup_window)
+        result = await self._backend.put(self.name, message, dedup_window=self.dedup_window)
+        telemetry.queue_put(self.name, result.id, result.created)
+        return result
 
     # -- consuming --------------------------------------------------------------------------
     async def get(self, timeout: float | None = None) -> AsyncMessage | None:
@@ -282,9 +285,9 @@ class AsyncQueue:
     async def ack(self, id: str, receipt: str) -> bool:
         """Settle delivery ``receipt`` of message ``id`` as done (delete it). Idempotent;
         False if the receipt is stale or the message already settled."""
-        return await self._backend.ack(
-            self.name, validate.message_id(id), validate.receipt(receipt)
-        )
+        ok = await self._backend.ack(self.name, validate.message_id(id), validate.receipt(receipt))
+        telemetry.queue_settled(self.name, id, "ack", ok)
+        return ok
 
     async def nack(
         self, id: str, receipt: str, delay: float = 0.0, error: str | None = None
@@ -292,13 +295,15 @@ class AsyncQueue:
         """Settle delivery ``receipt`` of message ``id`` as failed: deliver it again after
         ``delay`` (before later messages of its key), or dead-letter it after
         ``max_attempts``. False if the receipt is stale."""
-        return await self._backend.nack(
+        ok = await self._backend.nack(
             self.name,
             validate.message_id(id),
             validate.receipt(receipt),
             delay=validate.delay(delay),
             error=validate.error_text(error),
         )
+        telemetry.queue_settled(self.name, id, "nack", ok)
+        return ok
 
     async def extend(self, id: str, receipt: str, seconds: float) -> float | None:
         """Keep message ``id`` invisible for ``seconds`` from now; returns the new deadline
@@ -536,7 +541,8 @@ class _WorkLoop:
         self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
         try:
             try:
-                await self.handler(message)
+                with telemetry.processing(self.queue.name, message.id, message.attempt):
+                    await self.handler(message)
             except Exception as exc:
                 text = f"{type(exc).__name__}: {exc}"
                 log.warning(

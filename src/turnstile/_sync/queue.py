@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from .._core import queue_machine, records, timing, validate
+from .._core import queue_machine, records, telemetry, timing, validate
 from .._core.payload import decode_payload, encode_payload
 from .._core.records import DeadLetter, Delivery, QueueStats, WorkResult
 from ..errors import BackendUnavailable, InvalidArgument
@@ -61,6 +61,7 @@ class Message:
         self.deadline = delivery.deadline
         self.settled = False
         self.lost = False
+        telemetry.queue_delivered(queue.name, self.id, self.attempt)
 
     def __repr__(self) -> str:
         return (
@@ -173,7 +174,9 @@ class Queue:
             dedup_id=validate.dedup_id(dedup_id),
             max_attempts=self.max_attempts,
         )
-        return self._backend.put(self.name, message, dedup_window=self.dedup_window)
+        result = self._backend.put(self.name, message, dedup_window=self.dedup_window)
+        telemetry.queue_put(self.name, result.id, result.created)
+        return result
 
     # -- consuming --------------------------------------------------------------------------
     def get(self, timeout: float | None = None) -> Message | None:
@@ -277,9 +280,9 @@ class Queue:
     def ack(self, id: str, receipt: str) -> bool:
         """Settle delivery ``receipt`` of message ``id`` as done (delete it). Idempotent;
         False if the receipt is stale or the message already settled."""
-        return self._backend.ack(
-            self.name, validate.message_id(id), validate.receipt(receipt)
-        )
+        ok = self._backend.ack(self.name, validate.message_id(id), validate.receipt(receipt))
+        telemetry.queue_settled(self.name, id, "ack", ok)
+        return ok
 
     def nack(
         self, id: str, receipt: str, delay: float = 0.0, error: str | None = None
@@ -287,13 +290,15 @@ class Queue:
         """Settle delivery ``receipt`` of message ``id`` as failed: deliver it again after
         ``delay`` (before later messages of its key), or dead-letter it after
         ``max_attempts``. False if the receipt is stale."""
-        return self._backend.nack(
+        ok = self._backend.nack(
             self.name,
             validate.message_id(id),
             validate.receipt(receipt),
             delay=validate.delay(delay),
             error=validate.error_text(error),
         )
+        telemetry.queue_settled(self.name, id, "nack", ok)
+        return ok
 
     def extend(self, id: str, receipt: str, seconds: float) -> float | None:
         """Keep message ``id`` invisible for ``seconds`` from now; returns the new deadline
@@ -495,7 +500,8 @@ class _WorkLoop:
         self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
         try:
             try:
-                self.handler(message)
+                with telemetry.processing(self.queue.name, message.id, message.attempt):
+                    self.handler(message)
             except Exception as exc:
                 text = f"{type(exc).__name__}: {exc}"
                 log.warning(
