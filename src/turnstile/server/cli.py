@@ -20,7 +20,13 @@ from typing import Any
 
 from .._core.urls import redact, resolve_url
 from ..errors import ConfigurationError, TurnstileError
-from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, DEFAULT_OBSERVE_INTERVAL
+from .config import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_WAIT,
+    DEFAULT_METRICS_NAMES,
+    DEFAULT_OBSERVE_INTERVAL,
+    MAX_METRICS_NAMES,
+)
 
 # The same codes as every `turnstile` command (docs/cli.md), plus one for the socket.
 EXIT_USAGE = 2  # bad arguments
@@ -108,6 +114,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-access-log", action="store_true", help="do not log every request"
     )
     parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line for access and service logs "
+        "(default: text)",
+    )
+    parser.add_argument(
+        "--metrics-names",
+        type=_metrics_names,
+        default=DEFAULT_METRICS_NAMES,
+        metavar="N",
+        help="per-name holders/waiters gauges in /metrics for at most N names: the first N "
+        f"held or awaited, in code-point order (0 to {MAX_METRICS_NAMES}; 0: none; "
+        f"default: {DEFAULT_METRICS_NAMES})",
+    )
+    parser.add_argument(
         "--proxy-headers",
         action="store_true",
         help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips (behind a TLS proxy)",
@@ -118,6 +140,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="IPS",
         help="proxies trusted with --proxy-headers (default: 127.0.0.1)",
     )
+
+
+def _metrics_names(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_METRICS_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"must be between 0 and {MAX_METRICS_NAMES}, got {value}"
+        )
+    return value
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
@@ -173,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             max_body=args.max_body,
             observe_interval=args.observe_interval,
             queues=tuple(args.queue),
+            metrics_max_names=args.metrics_names,
         )
     except TurnstileError as exc:
         return _fail(str(exc))
@@ -215,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
                 server_header=False,
                 proxy_headers=args.proxy_headers,
                 forwarded_allow_ips=args.forwarded_allow_ips,
+                **log_options,
             )
         )
 
@@ -250,7 +286,16 @@ def run(args: argparse.Namespace) -> int:
             await client.close()
         return 0
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    log_options: dict[str, Any] = {}
+    if args.log_format == "json":
+        from .observe import JsonFormatter, json_log_config
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+        log_options["log_config"] = json_log_config(args.log_level)
+    else:
+        logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     return asyncio.run(main())
 
 

@@ -11,6 +11,8 @@ from .auth import TokenTable
 DEFAULT_MAX_WAIT = 50.0  # seconds; below the 60 s an AWS Step Functions HTTP task waits
 DEFAULT_MAX_BODY = 1024 * 1024  # bytes; room for a 256 KiB queue payload, JSON-escaped
 DEFAULT_OBSERVE_INTERVAL = 2.0
+DEFAULT_METRICS_NAMES = 100  # names with per-name gauges in /metrics (serve --metrics-names)
+MAX_METRICS_NAMES = 10_000
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class ServerConfig:
     dashboard_max_names: int = 200
     event_capacity: int = 1000
     queues: tuple[str, ...] = ()  # queues to show on the dashboard and in /metrics from start
+    # Per-name holders/waiters gauges in /metrics: the first N held or awaited names in
+    # code-point order (0: none).
+    metrics_max_names: int = DEFAULT_METRICS_NAMES
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_wait <= 3600:
@@ -35,6 +40,11 @@ class ServerConfig:
         if not 8 * 1024 <= self.max_body <= 64 * 1024 * 1024:
             raise InvalidArgument(
                 f"max_body must be between 8192 and 67108864 bytes, got {self.max_body}"
+            )
+        if not 0 <= self.metrics_max_names <= MAX_METRICS_NAMES:
+            raise InvalidArgument(
+                f"metrics_max_names must be between 0 and {MAX_METRICS_NAMES}, "
+                f"got {self.metrics_max_names}"
             )
         if not (self.observe_interval == 0 or 0.1 <= self.observe_interval <= 3600):
             raise InvalidArgument(
