@@ -31,7 +31,11 @@ BROKER = os.environ.get("CELERY_BROKER_URL", "redis://localhost:6379/1")
 app = Celery("tasks", broker=BROKER, backend=os.environ.get("CELERY_RESULT_BACKEND"))
 if BROKER.startswith("filesystem://"):
     folder = os.environ["CELERY_BROKER_FOLDER"]
-    app.conf.broker_transport_options = {"data_folder_in": folder, "data_folder_out": folder}
+    app.conf.broker_transport_options = {
+        "data_folder_in": folder,
+        "data_folder_out": folder,
+        "control_folder": os.path.join(folder, "control"),  # default: ./control
+    }
 
 _client: turnstile.Client | None = None
 _client_lock = threading.Lock()
