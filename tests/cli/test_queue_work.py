@@ -254,3 +254,38 @@ def test_usage_errors_name_the_flag(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--concurrency" in result.stderr
     result = run("queue", "work", "jobs", "--url", url, "--", "no-such-command-xyz")
     assert result.returncode == 127 and "command not found" in result.stderr
+
+
+def test_ctrl_c_to_the_process_group_nacks_without_backoff(store: str, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the worker and its commands alike: the commands die of
+    it, and their messages go back without the --backoff a failure would get."""
+    from ._invoke import command, environment
+
+    with queue(store) as q:
+        ids = {q.put(n, key=f"k{n}") for n in range(2)}
+    proc = subprocess.Popen(
+        command(["queue", "work", "jobs", "--url", store, "--concurrency", "2",
+                 "--backoff", "600", "--max-backoff", "600",
+                 "--", *sh(WAIT_FOR_GO.format(d=tmp_path))]),
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _started(tmp_path) == 2, 60, "both commands running")
+        os.killpg(proc.pid, signal.SIGINT)
+        code, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, err
+    assert "stopped (SIGINT): 0 acked, 2 failed" in err
+    assert "stopped by the drain" in err
+    with queue(store) as q:
+        stats = q.stats()
+        assert (stats.ready, stats.delayed, stats.in_flight) == (2, 0, 0)
+        taken = [q.get(timeout=0) for _ in ids]
+    assert {m.id for m in taken if m is not None} == ids

@@ -27,6 +27,7 @@ from . import _support
 from ._support import EXIT_NOT_FOUND, EXIT_OK, EXIT_SIGNAL_BASE
 
 GRACE_DEFAULT = 30.0
+STOP_RETRY = 0.1  # seconds between the drain's repeated Queue.stop() calls
 KILL_AFTER_DEFAULT = 10.0
 # Signals that make the worker drain. A second one ends the grace period at once.
 DRAINING: tuple[signal.Signals, ...] = tuple(
@@ -50,7 +51,8 @@ the message is delivered again once --visibility-timeout passes.
 
 SIGTERM, SIGINT or SIGHUP drain: take no new message, wait up to --grace seconds for the
 running commands, then send them SIGTERM (SIGKILL after --kill-after more seconds); their
-messages are nacked for delivery at once. A second signal ends the grace period at once.
+messages (and those of commands killed by the same signal, e.g. a terminal's Ctrl-C) are
+nacked for delivery at once. A second signal ends the grace period at once.
 
 exit codes: 0 stopped (drained after a signal, --max-messages handled, or --idle-timeout
 passed); 127 CMD not found; 2 bad arguments; 69 store unavailable; 78 bad URL.
@@ -208,6 +210,7 @@ class _Runner:
         self.lock = threading.Lock()
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.terminated = False  # the grace period ended: running children were told to stop
+        self.draining: int | None = None  # the signal that started a drain
 
     def __call__(self, message: Message) -> None:
         body, _ = encode_payload(message.payload)
@@ -246,7 +249,9 @@ class _Runner:
             if self.verbose:
                 _support.note(f"{shown}: command exited with 0 after {took:.3f} s; acking")
             return
-        if self.terminated:
+        if self.terminated or (self.draining is not None and code in _stopped_by(self.draining)):
+            # Told to stop by us, or by the same signal (a terminal's Ctrl-C reaches the
+            # whole process group): not the message's fault, so no backoff.
             _support.note(f"{shown}: command stopped by the drain ({code}); delivering it again")
             message.nack(0.0, f"command stopped by a worker shutdown (exit {code})")
             raise CommandFailed(f"command stopped by a worker shutdown (exit {code})")
@@ -269,6 +274,11 @@ class _Runner:
 
 def _key(message: Message) -> str:
     return "-" if message.key is None else repr(_support.printable(message.key))
+
+
+def _stopped_by(signum: int) -> tuple[int, ...]:
+    """Exit codes of a command ended by the drain's signal, SIGTERM or SIGKILL."""
+    return tuple(EXIT_SIGNAL_BASE + s for s in {signum, signal.SIGTERM, signal.SIGKILL})
 
 
 class _Drain:
@@ -308,6 +318,7 @@ class _Drain:
             self.hurry.set()
             return
         self.signal = signum
+        self.runner.draining = signum
         running = self.runner.running()
         _support.note(
             f"{signal.Signals(signum).name}: taking no new message; waiting up to "
@@ -318,7 +329,14 @@ class _Drain:
         self.thread.start()
 
     def _grace(self) -> None:
-        self.hurry.wait(self.grace)
+        end = time.monotonic() + self.grace
+        while not self.hurry.is_set():
+            # Again and again: a signal that came before Queue.work started its loop found
+            # nothing to stop (stop() is idempotent).
+            self.queue.stop()
+            left = end - time.monotonic()
+            if left <= 0 or self.hurry.wait(min(left, STOP_RETRY)):
+                break
         if self.done.is_set():
             return
         if self.runner.running():
