@@ -72,6 +72,7 @@ def register(sub: Any) -> None:
         ),
         epilog=EPILOG,
     )
+    p.usage = "%(prog)s [-h] QUEUE [options] -- CMD [ARG ...]"
     _add_options(p)
     # Everything from QUEUE on: argparse cannot put an optional after a positional that is
     # followed by "-- CMD …", so work_command splits this at "--" and parses the options
