@@ -502,12 +502,18 @@ class _WorkLoop:
         self.stop.set()
 
     def _take_slot(self) -> bool:
+        """A slot for one more message, or False: the other workers hold the remaining
+        ones (this worker leaves; it must not stop one that still waits for its message)."""
         with self.lock:
             if self.max_messages is not None and self.taken >= self.max_messages:
-                self.halt("max_messages")
                 return False
             self.taken += 1
             return True
+
+    def _after_message(self) -> None:
+        with self.lock:
+            if self.max_messages is not None and self.result.handled >= self.max_messages:
+                self.halt("max_messages")
 
     def _give_back_slot(self) -> None:
         with self.lock:
@@ -535,6 +541,7 @@ class _WorkLoop:
                         self.result.stopped_by = "idle_timeout"
                 return
             await self.handle(message)
+            self._after_message()
 
     async def handle(self, message: AsyncMessage) -> None:
         vt = self.queue.visibility_timeout

@@ -28,6 +28,9 @@ from ._support import EXIT_NOT_FOUND, EXIT_OK, EXIT_SIGNAL_BASE
 
 GRACE_DEFAULT = 30.0
 STOP_RETRY = 0.1  # seconds between the drain's repeated Queue.stop() calls
+# A command killed by a signal: how long to wait for the worker's own handler of the same
+# signal (which runs in the main thread) before treating the exit as the command's failure.
+SIGNAL_SETTLE = 2.0
 KILL_AFTER_DEFAULT = 10.0
 # Signals that make the worker drain. A second one ends the grace period at once.
 DRAINING: tuple[signal.Signals, ...] = tuple(
@@ -212,6 +215,7 @@ class _Runner:
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.terminated = False  # the grace period ended: running children were told to stop
         self.draining: int | None = None  # the signal that started a drain
+        self.drain_started = threading.Event()
 
     def __call__(self, message: Message) -> None:
         body, _ = encode_payload(message.payload)
@@ -243,6 +247,10 @@ class _Runner:
                 self.children.pop(child.pid, None)
         code = child.returncode
         if code < 0:
+            # Killed by a signal: if it was a terminal's Ctrl-C (or a SIGTERM to the process
+            # group), the same signal reached this process too, but its handler runs in the
+            # main thread and may not have run yet. Give it a moment before judging.
+            self.drain_started.wait(SIGNAL_SETTLE)
             code = EXIT_SIGNAL_BASE - code
         took = time.monotonic() - started
         shown = f"message {message.id} (key {_key(message)}, attempt {message.attempt})"
@@ -319,13 +327,14 @@ class _Drain:
             self.hurry.set()
             return
         self.signal = signum
+        self.queue.stop()  # first: no new message from here on
         self.runner.draining = signum
+        self.runner.drain_started.set()
         running = self.runner.running()
         _support.note(
             f"{signal.Signals(signum).name}: taking no new message; waiting up to "
             f"{self.grace:g} s for {running} running command(s)"
         )
-        self.queue.stop()
         self.thread = threading.Thread(target=self._grace, name="turnstile-drain", daemon=True)
         self.thread.start()
 
