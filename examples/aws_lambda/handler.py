@@ -6,7 +6,7 @@ for as long as the invocation can still run (``context.get_remaining_time_in_mil
 so a waiting invocation gives up before Lambda kills it, and a killed one frees the order
 within the lease time.
 
-Deploy with ``turnstile[redis]`` or ``turnstile[postgres]`` in the package and
+Deploy with ``turnstile-locks[redis]`` or ``turnstile-locks[postgres]`` in the package and
 ``TURNSTILE_URL`` in the function's environment (a store reachable from the VPC).
 """
 

@@ -4,7 +4,7 @@ processes run ``render_invoice``, at most ``RENDERERS`` run its expensive part a
 
 Run it:
 
-    pip install 'turnstile[redis]' celery
+    pip install 'turnstile-locks[redis]' celery
     TURNSTILE_URL=redis://localhost:6379/0 celery -A tasks worker --concurrency 8
 
 The broker is Celery's business (``CELERY_BROKER_URL``; the tests use Celery's

@@ -4,7 +4,7 @@ time, in arrival order, across every worker process and host that shares the sto
 
 Run it:
 
-    pip install 'turnstile[redis]' fastapi uvicorn
+    pip install 'turnstile-locks[redis]' fastapi uvicorn
     TURNSTILE_URL=redis://localhost:6379/0 uvicorn app:app --workers 4
 
     curl -X POST localhost:8000/webhooks/orders/42 -H 'content-type: application/json' \\

@@ -1,4 +1,4 @@
-"""Optional OpenTelemetry spans and metrics (``pip install 'turnstile[otel]'``).
+"""Optional OpenTelemetry spans and metrics (``pip install 'turnstile-locks[otel]'``).
 
 The client code of both flavours calls the functions below at a handful of points: an
 acquire (how long it waited, its position when it joined the line, its outcome), a hand-over
