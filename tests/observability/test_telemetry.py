@@ -258,3 +258,28 @@ def test_no_opentelemetry_means_no_op() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+async def test_async_work_handler_runs_inside_a_process_span(backend: BackendUnderTest) -> None:
+    name = unique("awork")
+    tracer = trace.get_tracer("test")
+    client = await turnstile.aio.connect(backend.url)
+    try:
+        q = client.queue(name)
+        await q.put("job")
+
+        async def handler(message: turnstile.aio.Message) -> None:
+            with tracer.start_as_current_span("async-user-work"):
+                pass
+
+        result = await q.work(handler, max_messages=1, handle_signals=False)
+    finally:
+        await client.close()
+    assert result.acked == 1
+    [process] = spans("turnstile.queue.process", name)
+    [user] = [s for s in EXPORTER.get_finished_spans() if s.name == "async-user-work"]
+    assert user.parent is not None and process.context is not None
+    assert user.parent.span_id == process.context.span_id
+    assert [
+        (s.attributes or {})["turnstile.settlement"] for s in spans("turnstile.queue.settle", name)
+    ] == ["ack"]
