@@ -15,7 +15,6 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -25,25 +24,32 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import turnstile
 import turnstile.aio
 from tests.conftest import BackendUnderTest
+from turnstile._core import telemetry
 
 pytestmark = pytest.mark.timeout(120)
 
 EXPORTER = InMemorySpanExporter()
 READER = InMemoryMetricReader()
-_installed: list[bool] = []
+TRACER_PROVIDER = TracerProvider()
+TRACER_PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def otel() -> Iterator[None]:
+    """The SDK, given to Turnstile's telemetry for this module only (the global API is left
+    alone, so the rest of the test run reports nowhere)."""
+    meter_provider = MeterProvider(metric_readers=[READER])
+    telemetry.configure(TRACER_PROVIDER, meter_provider)
+    try:
+        yield
+    finally:
+        telemetry.configure()
+        meter_provider.shutdown()
 
 
 @pytest.fixture(autouse=True)
-def otel() -> Iterator[None]:
-    """The SDK, set once per process as an application would (global providers)."""
-    if not _installed:
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        trace.set_tracer_provider(provider)
-        metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
-        _installed.append(True)
+def fresh_spans() -> None:
     EXPORTER.clear()
-    yield
 
 
 def spans(name: str, target: str) -> list[ReadableSpan]:
@@ -198,7 +204,7 @@ def test_queue_put_deliver_settle(backend: BackendUnderTest) -> None:
 
 def test_work_handler_runs_inside_a_process_span(backend: BackendUnderTest) -> None:
     name = unique("work")
-    tracer = trace.get_tracer("test")
+    tracer = TRACER_PROVIDER.get_tracer("test")
     with turnstile.connect(backend.url) as client:
         q = client.queue(name)
         q.put("job")
@@ -262,7 +268,7 @@ def test_no_opentelemetry_means_no_op() -> None:
 
 async def test_async_work_handler_runs_inside_a_process_span(backend: BackendUnderTest) -> None:
     name = unique("awork")
-    tracer = trace.get_tracer("test")
+    tracer = TRACER_PROVIDER.get_tracer("test")
     client = await turnstile.aio.connect(backend.url)
     try:
         q = client.queue(name)

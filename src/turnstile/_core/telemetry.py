@@ -53,15 +53,22 @@ ATTR_NAME = "turnstile.name"
 
 
 class _Instruments:
-    """The tracer and instruments, made on first use (the API's proxies forward to whatever
-    provider the application sets later)."""
+    """The tracer and instruments, made on first use from the global providers (the API's
+    proxies forward to whatever provider the application sets later), or from the ones
+    given to :func:`configure`."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         from .. import __version__
 
         assert _trace is not None and _metrics is not None
-        self.tracer = _trace.get_tracer(SCOPE, __version__)
-        meter = _metrics.get_meter(SCOPE, __version__)
+        if tracer_provider is None:
+            self.tracer = _trace.get_tracer(SCOPE, __version__)
+        else:
+            self.tracer = tracer_provider.get_tracer(SCOPE, __version__)
+        if meter_provider is None:
+            meter = _metrics.get_meter(SCOPE, __version__)
+        else:
+            meter = meter_provider.get_meter(SCOPE, __version__)
         self.acquire_wait = meter.create_histogram(
             METRIC_ACQUIRE_WAIT,
             unit="s",
@@ -96,6 +103,19 @@ class _Instruments:
 
 
 _instruments: _Instruments | None = None
+
+
+def configure(tracer_provider: Any = None, meter_provider: Any = None) -> None:
+    """Report to these providers instead of the global ones (both ``None``: the global ones
+    again). For applications that keep their providers out of the global API, and for tests,
+    which must not leave an SDK installed for the rest of the process."""
+    global _instruments
+    if not ENABLED:
+        return
+    if tracer_provider is None and meter_provider is None:
+        _instruments = None
+    else:
+        _instruments = _Instruments(tracer_provider, meter_provider)
 
 
 def _get() -> _Instruments:
