@@ -25,10 +25,9 @@ try:
     from opentelemetry import metrics as _metrics
     from opentelemetry import trace as _trace
 except ImportError:  # the optional extra is not installed: every call below is a no-op
-    _metrics = None  # type: ignore[assignment]
-    _trace = None  # type: ignore[assignment]
-
-ENABLED = _trace is not None and _metrics is not None
+    ENABLED = False
+else:
+    ENABLED = True
 
 SCOPE = "turnstile"
 
@@ -60,7 +59,6 @@ class _Instruments:
     def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         from .. import __version__
 
-        assert _trace is not None and _metrics is not None
         if tracer_provider is None:
             self.tracer = _trace.get_tracer(SCOPE, __version__)
         else:
@@ -178,7 +176,6 @@ class AcquireTracker:
         span.set_attribute("turnstile.outcome", outcome)
         span.set_attribute("turnstile.wait_seconds", waited)
         if outcome == "error":
-            assert _trace is not None
             span.set_status(_trace.Status(_trace.StatusCode.ERROR))
         span.end()
         _get().acquire_wait.record(
@@ -228,7 +225,6 @@ def lease_lost(name: str, token: int, why: str) -> None:
         SPAN_LEASE_LOST,
         attributes={ATTR_NAME: name, "turnstile.token": token, "turnstile.reason": why},
     )
-    assert _trace is not None
     span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
     span.end()
 
