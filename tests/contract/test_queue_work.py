@@ -95,6 +95,25 @@ def test_work_max_messages_and_stop(qclient: turnstile.Client) -> None:
     assert q.stats().ready == 2
 
 
+def test_work_max_messages_with_several_workers_handles_exactly_that_many(
+    qclient: turnstile.Client,
+) -> None:
+    """A worker that finds every slot taken leaves; it must not stop the worker that holds
+    the last slot and still waits for its message (here: a delayed one)."""
+    q = qclient.queue("max-many")
+    q.put("now")
+    q.put("later", delay=0.5)
+    seen: list[object] = []
+
+    def handler(m: turnstile.Message) -> None:
+        seen.append(m.payload)
+
+    result = q.work(handler, workers=2, max_messages=2, handle_signals=False)
+    assert seen == ["now", "later"]
+    assert result.acked == 2 and result.stopped_by == "max_messages"
+    assert q.stats().pending == 0
+
+
 def test_work_refuses_wrong_handler_and_bad_settings(qclient: turnstile.Client) -> None:
     q = qclient.queue("bad-work")
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from .._core import queue_machine, records, timing, validate
+from .._core import queue_machine, records, telemetry, timing, validate
 from .._core.payload import decode_payload, encode_payload
 from .._core.records import DeadLetter, Delivery, QueueStats, WorkResult
 from ..errors import BackendUnavailable, InvalidArgument
@@ -35,6 +35,14 @@ ERROR_BACKOFF_MAX = 5.0
 # A blocking get on a backend that waits on the store's side asks for this long per call
 # (the backend may cap it, e.g. at the HTTP service's longest long poll).
 REMOTE_POLL = 30.0
+
+# What work() runs per message: a coroutine function here, a plain function in the sync twin.
+# unasync: async-only
+Handler = Callable[["AsyncMessage"], Awaitable[Any]]
+# unasync: end
+# unasync: sync-only
+# Handler = Callable[["AsyncMessage"], Any]
+# unasync: end
 
 
 class AsyncMessage:
@@ -58,6 +66,7 @@ class AsyncMessage:
         self.deadline = delivery.deadline
         self.settled = False
         self.lost = False
+        telemetry.queue_delivered(queue.name, self.id, self.attempt)
 
     def __repr__(self) -> str:
         return (
@@ -170,7 +179,9 @@ class AsyncQueue:
             dedup_id=validate.dedup_id(dedup_id),
             max_attempts=self.max_attempts,
         )
-        return await self._backend.put(self.name, message, dedup_window=self.dedup_window)
+        result = await self._backend.put(self.name, message, dedup_window=self.dedup_window)
+        telemetry.queue_put(self.name, result.id, result.created)
+        return result
 
     # -- consuming --------------------------------------------------------------------------
     async def get(self, timeout: float | None = None) -> AsyncMessage | None:
@@ -274,9 +285,9 @@ class AsyncQueue:
     async def ack(self, id: str, receipt: str) -> bool:
         """Settle delivery ``receipt`` of message ``id`` as done (delete it). Idempotent;
         False if the receipt is stale or the message already settled."""
-        return await self._backend.ack(
-            self.name, validate.message_id(id), validate.receipt(receipt)
-        )
+        ok = await self._backend.ack(self.name, validate.message_id(id), validate.receipt(receipt))
+        telemetry.queue_settled(self.name, id, "ack", ok)
+        return ok
 
     async def nack(
         self, id: str, receipt: str, delay: float = 0.0, error: str | None = None
@@ -284,13 +295,15 @@ class AsyncQueue:
         """Settle delivery ``receipt`` of message ``id`` as failed: deliver it again after
         ``delay`` (before later messages of its key), or dead-letter it after
         ``max_attempts``. False if the receipt is stale."""
-        return await self._backend.nack(
+        ok = await self._backend.nack(
             self.name,
             validate.message_id(id),
             validate.receipt(receipt),
             delay=validate.delay(delay),
             error=validate.error_text(error),
         )
+        telemetry.queue_settled(self.name, id, "nack", ok)
+        return ok
 
     async def extend(self, id: str, receipt: str, seconds: float) -> float | None:
         """Keep message ``id`` invisible for ``seconds`` from now; returns the new deadline
@@ -342,7 +355,7 @@ class AsyncQueue:
 
     async def work(
         self,
-        handler: Callable[[AsyncMessage], Awaitable[Any]],
+        handler: Handler,
         workers: int = 1,
         *,
         idle_timeout: float | None = None,
@@ -462,7 +475,7 @@ class _WorkLoop:
     def __init__(
         self,
         queue: AsyncQueue,
-        handler: Callable[[AsyncMessage], Awaitable[Any]],
+        handler: Handler,
         stop: _compat.Event,
         idle_timeout: float | None,
         max_messages: int | None,
@@ -489,12 +502,18 @@ class _WorkLoop:
         self.stop.set()
 
     def _take_slot(self) -> bool:
+        """A slot for one more message, or False: the other workers hold the remaining
+        ones (this worker leaves; it must not stop one that still waits for its message)."""
         with self.lock:
             if self.max_messages is not None and self.taken >= self.max_messages:
-                self.halt("max_messages")
                 return False
             self.taken += 1
             return True
+
+    def _after_message(self) -> None:
+        with self.lock:
+            if self.max_messages is not None and self.result.handled >= self.max_messages:
+                self.halt("max_messages")
 
     def _give_back_slot(self) -> None:
         with self.lock:
@@ -522,13 +541,15 @@ class _WorkLoop:
                         self.result.stopped_by = "idle_timeout"
                 return
             await self.handle(message)
+            self._after_message()
 
     async def handle(self, message: AsyncMessage) -> None:
         vt = self.queue.visibility_timeout
         self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
         try:
             try:
-                await self.handler(message)
+                with telemetry.processing(self.queue.name, message.id, message.attempt):
+                    await self.handler(message)
             except Exception as exc:
                 text = f"{type(exc).__name__}: {exc}"
                 log.warning(

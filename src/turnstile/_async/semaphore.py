@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from .._core import timing, validate
+from .._core import telemetry, timing, validate
 from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseLost
 from . import _compat
@@ -86,6 +86,7 @@ class AsyncLease:
             return
         self._lost = True
         log_renew.warning("lease on %r (token %d) lost: %s", self.name, self.token, why)
+        telemetry.lease_lost(self.name, self.token, why)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
@@ -340,6 +341,7 @@ class AsyncSemaphore:
         wait_ttl = timing.blocking_wait_ttl(self.ttl)
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = None
+        track = telemetry.acquire(self.name, self.limit)
         try:
             if timeout != 0 and self._backend.characteristics.cheap_waiters:
                 # Arming costs nothing here: arm before the first step, so no hand-over can
@@ -352,6 +354,7 @@ class AsyncSemaphore:
                 log_acquire.debug(
                     "acquired %r token %d at once", self.name, result.grant.token
                 )
+                track.granted(result.grant.token)
                 return self._lease(result, sent)
             if timeout != 0:
                 if waiter is None:
@@ -370,9 +373,11 @@ class AsyncSemaphore:
                         result.position,
                         extra={"turnstile_position": result.position},
                     )
+                    track.joined(result.position)
                 while True:
                     if result.grant is not None:
                         log_acquire.debug("acquired %r token %d", self.name, result.grant.token)
+                        track.granted(result.grant.token)
                         return self._lease(result, sent)
                     now = time.monotonic()
                     if deadline is not None and now >= deadline:
@@ -386,14 +391,17 @@ class AsyncSemaphore:
                     lease = self._handed(waiter, result, sent, wait_ttl)
                     if lease is not None:
                         log_acquire.debug("handed %r token %d", self.name, lease.token)
+                        track.granted(lease.token, woken_with_grant=True)
                         return lease
                     result, sent = await self._step(holder, wait_ttl, True)
-        except BaseException:
+        except BaseException as exc:
+            track.failed(exc)
             await self._leave(holder)
             raise
         finally:
             if waiter is not None:
                 await waiter.close()
+        track.timed_out()
         await self._leave(holder)
         raise AcquireTimeout(
             f"{self.name!r} was not granted within {timeout:g} s (limit {self.limit})"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from .._core import timing, validate
+from .._core import telemetry, timing, validate
 from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseLost
 from . import _compat
@@ -87,6 +87,7 @@ class Lease:
             return
         self._lost = True
         log_renew.warning("lease on %r (token %d) lost: %s", self.name, self.token, why)
+        telemetry.lease_lost(self.name, self.token, why)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
@@ -304,6 +305,7 @@ class Semaphore:
         wait_ttl = timing.blocking_wait_ttl(self.ttl)
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = None
+        track = telemetry.acquire(self.name, self.limit)
         try:
             if timeout != 0 and self._backend.characteristics.cheap_waiters:
                 # Arming costs nothing here: arm before the first step, so no hand-over can
@@ -316,6 +318,7 @@ class Semaphore:
                 log_acquire.debug(
                     "acquired %r token %d at once", self.name, result.grant.token
                 )
+                track.granted(result.grant.token)
                 return self._lease(result, sent)
             if timeout != 0:
                 if waiter is None:
@@ -334,9 +337,11 @@ class Semaphore:
                         result.position,
                         extra={"turnstile_position": result.position},
                     )
+                    track.joined(result.position)
                 while True:
                     if result.grant is not None:
                         log_acquire.debug("acquired %r token %d", self.name, result.grant.token)
+                        track.granted(result.grant.token)
                         return self._lease(result, sent)
                     now = time.monotonic()
                     if deadline is not None and now >= deadline:
@@ -350,14 +355,17 @@ class Semaphore:
                     lease = self._handed(waiter, result, sent, wait_ttl)
                     if lease is not None:
                         log_acquire.debug("handed %r token %d", self.name, lease.token)
+                        track.granted(lease.token, woken_with_grant=True)
                         return lease
                     result, sent = self._step(holder, wait_ttl, True)
-        except BaseException:
+        except BaseException as exc:
+            track.failed(exc)
             self._leave(holder)
             raise
         finally:
             if waiter is not None:
                 waiter.close()
+        track.timed_out()
         self._leave(holder)
         raise AcquireTimeout(
             f"{self.name!r} was not granted within {timeout:g} s (limit {self.limit})"

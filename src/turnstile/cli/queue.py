@@ -12,7 +12,7 @@ from typing import Any
 from .._core import validate
 from .._core.records import QueueStats
 from ..errors import InvalidArgument
-from . import _support
+from . import _support, queue_work
 
 EPILOG = """\
 examples:
@@ -206,6 +206,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         )
         p.add_argument("--all", action="store_true", help="every dead letter of QUEUE")
         p.set_defaults(handler=dead_edit_command, edit=name, edit_parser=p)
+    queue_work.register(sub)  # `queue work`: cli/queue_work.py
     parser.set_defaults(handler=lambda args: _usage(sub))
 
 

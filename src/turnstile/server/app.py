@@ -126,8 +126,27 @@ QUEUE_GAUGES = (
 )
 
 
+NAME_GAUGES = (
+    ("turnstile_holders", "holders", "Leases held now, per name (the first --metrics-names)."),
+    ("turnstile_waiters", "waiters", "Waiters in line now, per name (the first --metrics-names)."),
+)
+
+
 async def metrics(ctx: Ctx) -> Response:
     gauges: list[Gauge] = []
+    cap = ctx.service.config.metrics_max_names
+    if cap:
+        statuses, truncated = await ctx.service.look(ctx.principal, cap)
+        for status in statuses[:cap]:
+            for metric, field, help_text in NAME_GAUGES:
+                count = len(getattr(status, field))
+                gauges.append(Gauge(metric, help_text, (("name", status.name),), count))
+        gauges.append(Gauge(
+            "turnstile_metrics_names_truncated",
+            "1 if more names are held or awaited than --metrics-names shows per name.",
+            (),
+            1 if truncated or len(statuses) > cap else 0,
+        ))
     for found in await ctx.service.queue_stats(ctx.principal, 200):
         labels = (("queue", found.name),)
         for metric, field, help_text in QUEUE_GAUGES:
@@ -216,6 +235,7 @@ _PROBE = Principal("probe", prefixes=(), read_only=True)
 
 def _serve(service: Service, endpoint: Endpoint) -> Handler:
     async def serve(request: Request) -> Response:
+        started = time.monotonic()
         try:
             if endpoint.authenticated:
                 principal = service.authenticate(request)
@@ -235,7 +255,9 @@ def _serve(service: Service, endpoint: Endpoint) -> Handler:
         except Exception as exc:
             api = from_exception(exc)
             response = error_response(api.code, api.message, api.headers)
-        service.metrics.request(request.method, endpoint.path, response.status_code)
+        service.metrics.request(
+            request.method, endpoint.path, response.status_code, time.monotonic() - started
+        )
         return response
 
     return serve

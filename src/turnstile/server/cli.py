@@ -35,7 +35,9 @@ from .config import (
     DEFAULT_MAX_BODY_MEMORY,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_WAIT,
+    DEFAULT_METRICS_NAMES,
     DEFAULT_OBSERVE_INTERVAL,
+    MAX_METRICS_NAMES,
 )
 
 # The same codes as every `turnstile` command (docs/cli.md), plus one for the socket.
@@ -171,6 +173,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-access-log", action="store_true", help="do not log every request"
     )
     parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line for access and service logs "
+        "(default: text)",
+    )
+    parser.add_argument(
+        "--metrics-names",
+        type=_metrics_names,
+        default=DEFAULT_METRICS_NAMES,
+        metavar="N",
+        help="per-name holders/waiters gauges in /metrics for at most N names: the first N "
+        f"held or awaited, in code-point order (0 to {MAX_METRICS_NAMES}; 0: none; "
+        f"default: {DEFAULT_METRICS_NAMES})",
+    )
+    parser.add_argument(
         "--proxy-headers",
         action="store_true",
         help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips (behind a TLS proxy)",
@@ -192,6 +210,18 @@ def _default_store() -> str:
 
 # The secrets of the store URL being served: blotted out of every message and log line.
 _SECRETS: list[str] = []
+
+
+def _metrics_names(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_METRICS_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"must be between 0 and {MAX_METRICS_NAMES}, got {value}"
+        )
+    return value
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
@@ -280,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
             max_connections=args.max_connections,
             max_body_memory=args.max_body_memory,
             max_header_bytes=args.max_header_bytes,
+            metrics_max_names=args.metrics_names,
         )
     except TurnstileError as exc:
         return _fail(str(exc))
@@ -327,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 timeout_keep_alive=config.keep_alive,  # type: ignore[arg-type]
                 h11_max_incomplete_event_size=config.max_header_bytes,
+                **log_options,
             )
         )
         _scrub_logs("", "uvicorn", "uvicorn.error", "uvicorn.access")  # configured just now
@@ -365,7 +397,16 @@ def run(args: argparse.Namespace) -> int:
             await client.close()
         return 0
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    log_options: dict[str, Any] = {}
+    if args.log_format == "json":
+        from .observe import JsonFormatter, json_log_config
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+        log_options["log_config"] = json_log_config(args.log_level)
+    else:
+        logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     _scrub_logs("")
     return asyncio.run(main())
 

@@ -16,6 +16,8 @@ DEFAULT_BODY_TIMEOUT = 30.0  # seconds for its body to arrive, after the headers
 DEFAULT_KEEP_ALIVE = 5.0  # seconds an idle kept-alive connection stays open
 DEFAULT_MAX_BODY_MEMORY = 64 * 1024 * 1024  # bytes of bodies being read at once
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024  # bytes of a request line and headers
+DEFAULT_METRICS_NAMES = 100  # names with per-name gauges in /metrics (serve --metrics-names)
+MAX_METRICS_NAMES = 10_000
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class ServerConfig:
     max_connections: int | None = None  # None: half of `ulimit -n` (server/limits.py)
     max_body_memory: int = DEFAULT_MAX_BODY_MEMORY
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    # Per-name holders/waiters gauges in /metrics: the first N held or awaited names in
+    # code-point order (0: none).
+    metrics_max_names: int = DEFAULT_METRICS_NAMES
 
     def __post_init__(self) -> None:
         for arg in ("header_timeout", "body_timeout", "keep_alive"):
@@ -69,6 +74,11 @@ class ServerConfig:
         if not 8 * 1024 <= self.max_body <= 64 * 1024 * 1024:
             raise InvalidArgument(
                 f"max_body must be between 8192 and 67108864 bytes, got {self.max_body}"
+            )
+        if not 0 <= self.metrics_max_names <= MAX_METRICS_NAMES:
+            raise InvalidArgument(
+                f"metrics_max_names must be between 0 and {MAX_METRICS_NAMES}, "
+                f"got {self.metrics_max_names}"
             )
         if not (self.observe_interval == 0 or 0.1 <= self.observe_interval <= 3600):
             raise InvalidArgument(

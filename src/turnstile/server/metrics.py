@@ -1,8 +1,9 @@
 """Counters and histograms of one service instance, in the Prometheus text format (0.0.4).
 
-Written by hand (no client library): a few counters, two histograms and gauges computed at
-scrape time. Everything here counts what *this instance* did or saw; with several instances
-behind a load balancer, sum counters over instances (``sum without(instance)``), except
+Written by hand (no client library): a few counters, three histograms (wait, hand-over, and
+request latency per route), ``turnstile_build_info`` and gauges computed at scrape time.
+Everything here counts what *this instance* did or saw; with several instances behind a load
+balancer, sum counters over instances (``sum without(instance)``), except
 ``turnstile_expiries_observed_total``, which every instance that watches a name counts.
 """
 
@@ -10,12 +11,19 @@ from __future__ import annotations
 
 import bisect
 import math
+import platform
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from .. import __version__
 
 # Seconds. Hand-overs are milliseconds; waits are anything up to minutes.
 HANDOVER_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+# Request latency: most answers take milliseconds; long polls last up to --max-wait.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -70,21 +78,39 @@ class Metrics:
         "queue_nacks": "Messages returned through this instance.",
     }
 
-    def __init__(self) -> None:
+    def __init__(self, build_info: Sequence[tuple[str, str]] | None = None) -> None:
         self.counters: dict[str, int] = dict.fromkeys(self.COUNTERS, 0)
         self.requests: dict[tuple[str, str, int], int] = {}
+        # (method, route) -> latency; routes come from the endpoint table, so this is bounded.
+        self.latency: dict[tuple[str, str], Histogram] = {}
         self.wait = Histogram(WAIT_BUCKETS)
         self.handover = Histogram(HANDOVER_BUCKETS)
+        if build_info is None:
+            build_info = (
+                ("version", __version__),
+                ("python", platform.python_version()),
+                ("implementation", platform.python_implementation()),
+            )
+        self.build_info = tuple(build_info)
 
     def inc(self, counter: str, amount: int = 1) -> None:
         self.counters[counter] += amount
 
-    def request(self, method: str, route: str, status: int) -> None:
+    def request(self, method: str, route: str, status: int, seconds: float | None = None) -> None:
         key = (method, route, status)
         self.requests[key] = self.requests.get(key, 0) + 1
+        if seconds is not None:
+            hist = self.latency.get((method, route))
+            if hist is None:
+                hist = self.latency[(method, route)] = Histogram(LATENCY_BUCKETS)
+            hist.observe(seconds)
 
     def render(self, gauges: Iterable[Gauge] = ()) -> str:
         out: list[str] = []
+        if self.build_info:
+            out.append("# HELP turnstile_build_info Version of this instance (value is 1).")
+            out.append("# TYPE turnstile_build_info gauge")
+            out.append(f"turnstile_build_info{_labels(self.build_info)} 1")
         for counter, help_text in self.COUNTERS.items():
             metric = f"turnstile_{counter}_total"
             out.append(f"# HELP {metric} {help_text}")
@@ -112,13 +138,14 @@ class Metrics:
         ):
             out.append(f"# HELP {metric} {help_text}")
             out.append(f"# TYPE {metric} histogram")
-            cumulative = 0
-            for bound, count in zip(hist.buckets, hist.counts, strict=False):
-                cumulative += count
-                out.append(f'{metric}_bucket{{le="{_number(bound)}"}} {cumulative}')
-            out.append(f'{metric}_bucket{{le="+Inf"}} {hist.count}')
-            out.append(f"{metric}_sum {_number(hist.total)}")
-            out.append(f"{metric}_count {hist.count}")
+            _histogram(out, metric, (), hist)
+        metric = "turnstile_http_request_duration_seconds"
+        out.append(
+            f"# HELP {metric} Time to answer an HTTP request (long polls included), by route."
+        )
+        out.append(f"# TYPE {metric} histogram")
+        for (method, route), hist in sorted(self.latency.items()):
+            _histogram(out, metric, (("method", method), ("route", route)), hist)
         by_metric: dict[str, list[Gauge]] = {}
         for gauge in gauges:
             by_metric.setdefault(gauge.metric, []).append(gauge)
@@ -128,6 +155,18 @@ class Metrics:
             for row in rows:
                 out.append(f"{metric}{_labels(row.labels)} {_number(row.value)}")
         return "\n".join(out) + "\n"
+
+
+def _histogram(
+    out: list[str], metric: str, labels: tuple[tuple[str, str], ...], hist: Histogram
+) -> None:
+    cumulative = 0
+    for bound, count in zip(hist.buckets, hist.counts, strict=False):
+        cumulative += count
+        out.append(f"{metric}_bucket{_labels([*labels, ('le', _number(bound))])} {cumulative}")
+    out.append(f"{metric}_bucket{_labels([*labels, ('le', '+Inf')])} {hist.count}")
+    out.append(f"{metric}_sum{_labels(labels)} {_number(hist.total)}")
+    out.append(f"{metric}_count{_labels(labels)} {hist.count}")
 
 
 @dataclass(frozen=True, slots=True)

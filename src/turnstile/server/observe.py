@@ -20,15 +20,81 @@ each shows only its own operations plus what it observed; events live in memory,
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .._core.records import Grant, Status
 from .auth import Principal
 from .metrics import Metrics
+
+# -- `turnstile serve --log-format json` ----------------------------------------------------
+
+# Attributes every LogRecord has; anything else a logger was given (``extra=``) is kept.
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's coloured copy of the message
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (ISO 8601, UTC), ``level``, ``logger``,
+    ``message``, the fields given with ``extra=``, ``exc_info`` as text, and for uvicorn's
+    access log ``client``, ``method``, ``path``, ``http_version`` and ``status``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        args = record.args
+        if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) == 5:
+            client, method, path, http_version, status = args
+            entry.update(
+                message=f"{method} {path} {status}",
+                client=client,
+                method=method,
+                path=path,
+                http_version=http_version,
+                status=status,
+            )
+        else:
+            entry["message"] = record.getMessage()
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and key not in entry:
+                entry[key] = value
+        if record.exc_info:
+            entry["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def json_log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration with :class:`JsonFormatter` for its error and access
+    logs (``uvicorn.Config(log_config=…)``)."""
+    handler = {
+        "formatter": "json",
+        "class": "logging.StreamHandler",
+        "stream": "ext://sys.stderr",
+    }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"default": handler, "access": dict(handler)},
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+        },
+    }
+
 
 K = TypeVar("K")
 V = TypeVar("V")
