@@ -181,7 +181,7 @@ def draw(results: dict[str, Any], output: Path) -> list[tuple[str, Path]]:
 def markdown_links(drawn: Sequence[tuple[str, Path]]) -> str:
     if not drawn:
         return ""
-    lines = ["", "## Plots", ""]
+    lines = ["", "", "## Plots", ""]
     for title, path in drawn:
         lines += [f"![{title}]({path.name})", ""]
     return "\n".join(lines)
