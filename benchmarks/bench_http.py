@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""The HTTP service (``turnstile serve``) against the same operations in-process on the same
+store.
+
+    python benchmarks/bench_http.py            # full run, writes benchmarks/results/http.md
+    python benchmarks/bench_http.py --quick    # tiny sizes, writes no file (CI)
+
+Store: ``--store URL``, else ``$TURNSTILE_TEST_REDIS_URL`` under a fresh key prefix (deleted
+afterwards), else a SQLite file in a scratch folder. One service instance (one process,
+started by the script on a free port, no tokens, loopback only) serves that store.
+
+Measured, each over HTTP (``http://`` URL, the library's HTTP backend) and in-process (the
+store's URL directly):
+
+* **requests/s**: C clients (asyncio tasks of ``turnstile.aio`` clients, spread over two
+  processes when C > 1), each a try-acquire (``acquire_nowait``) + release of a name of its
+  own in a loop, for ``--seconds``; pairs/s and p50/p99 of one pair. The service's CPU time
+  over the run (``/proc``) says how much of a core it used;
+* **hand-over through long-poll**: the lock benchmarks' hand-over scenario (P processes on
+  one name, 2 ms critical sections) with the sync client: over HTTP a blocked acquire
+  long-polls ``/v1/semaphores/wait`` and is answered when the store wakes the service;
+* **uncontended**: one process, ``with lock.acquire():`` in a loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from turnstile_bench import (
+    Bench,
+    Contender,
+    TurnstileLock,
+    handover_table,
+    machine_lines,
+    main,
+    markdown_table,
+    no_overlaps,
+    percentile,
+    run_handover,
+    run_uncontended,
+    run_workers,
+    uncontended_table,
+)
+from turnstile_bench.plots import Figure
+from turnstile_bench.servers import redis_prefix, scratch_folder
+from turnstile_bench.workers import progress
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (and its waited-for children) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / TICK
+
+
+@contextlib.contextmanager
+def service(store: str, folder: Path) -> Iterator[tuple[str, int]]:
+    """``turnstile serve`` on ``store``, a free port, loopback; yields (URL, pid)."""
+    ready = folder / f"ready-{secrets.token_hex(3)}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnstile.server", "--url", store, "--port", "0",
+         "--ready-file", str(ready), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"turnstile serve did not start: {proc.stderr.read()[-2000:]}")
+            time.sleep(0.05)
+        yield ready.read_text().strip(), proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        ready.unlink(missing_ok=True)
+
+
+def _rate_job(adapter: Any, args: tuple[str, int, float], go: float) -> list[float]:
+    """``tasks`` asyncio tasks on one ``turnstile.aio`` client, each acquire_nowait + release
+    of its own name until ``go + seconds``; returns every pair's duration."""
+    url, tasks, seconds = args
+
+    async def run() -> list[float]:
+        import turnstile.aio
+
+        client = await turnstile.aio.connect(url)
+        pid = os.getpid()
+        clock = time.monotonic
+        stop = go + seconds
+        out: list[float] = []
+
+        async def one(i: int) -> None:
+            lock = client.lock(f"bench-rate:{pid}:{i}:{secrets.token_hex(3)}")
+            while clock() < stop:
+                t0 = clock()
+                lease = await lock.acquire_nowait()
+                await lease.release()
+                out.append(clock() - t0)
+
+        try:
+            await asyncio.gather(*(one(i) for i in range(tasks)))
+        finally:
+            await client.close()
+        return out
+
+    return asyncio.run(run())
+
+
+def run_rate(label: str, url: str, clients: int, seconds: float,
+             server_pid: int | None) -> dict[str, Any]:
+    processes = 1 if clients == 1 else 2
+    per = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
+    progress(f"  requests/s  {label}  {clients} clients")
+    contender = Contender(label, functools.partial(TurnstileLock, url))
+    cpu0 = cpu_seconds(server_pid) if server_pid else 0.0
+    started = time.monotonic()
+    run = run_workers(contender, _rate_job, [(url, n, seconds) for n in per],
+                      timeout=seconds + 120)
+    wall = time.monotonic() - started
+    cpu = (cpu_seconds(server_pid) - cpu0) if server_pid else float("nan")
+    pairs = [d for r in run.results for d in r]
+    return {
+        "label": label,
+        "clients": clients,
+        "pairs": len(pairs),
+        "per_second": len(pairs) / seconds,
+        "p50_ms": percentile(pairs, 50) * 1000,
+        "p99_ms": percentile(pairs, 99) * 1000,
+        # Requests: try-acquire and release are one request each.
+        "service_cpu_s": cpu,
+        "service_cpu_share": cpu / wall if server_pid else float("nan"),
+        "service_cpu_ms_per_request": cpu * 1000 / (2 * len(pairs)) if pairs and server_pid
+        else float("nan"),
+    }
+
+
+class HttpBench(Bench):
+    name = "http"
+    description = __doc__ or ""
+    packages = ("turnstile", "starlette", "uvicorn", "httpx", "redis")
+    requires = (("starlette", "pip install 'turnstile[server]'"),
+                ("httpx", "pip install 'turnstile[http]'"))
+
+    def options(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--store", default=None,
+                            help="store URL behind the service (default: "
+                            "$TURNSTILE_TEST_REDIS_URL, else SQLite in --tmpdir)")
+        parser.add_argument("--clients", default=None, help="comma-separated, e.g. 1,8,64")
+        parser.add_argument("--seconds", type=float, default=None, help="per requests/s run")
+        parser.add_argument("--waiters", default=None, help="hand-over waiters, e.g. 2,8")
+
+    @contextlib.contextmanager
+    def target(self, args: argparse.Namespace, info: dict[str, Any]) -> Iterator[Any]:
+        with contextlib.ExitStack() as stack:
+            folder = stack.enter_context(scratch_folder(args.tmpdir, "turnstile-bench-http-"))
+            store = args.store or os.environ.get("TURNSTILE_TEST_REDIS_URL")
+            if store and store.startswith("redis"):
+                store = stack.enter_context(redis_prefix(store))
+            elif not store:
+                store = f"sqlite:///{folder}/bench.db"
+            from turnstile._core.urls import redact
+
+            self.store_shown = redact(store)
+            url, pid = stack.enter_context(service(store, folder))
+            yield store, url, pid
+
+    def run(self, args: argparse.Namespace, target: tuple[str, str, int]) -> dict[str, Any]:
+        store, http, pid = target
+        quick = args.quick
+        clients = [int(c) for c in (args.clients or ("1,8" if quick else "1,8,64")).split(",")]
+        seconds = args.seconds or (1.0 if quick else 5.0)
+        waiters = [int(w) for w in (args.waiters or ("2" if quick else "2,8")).split(",")]
+        kind = store.split(":", 1)[0]
+        contenders = [
+            Contender(f"in-process {kind}", functools.partial(TurnstileLock, store)),
+            Contender(f"HTTP service on {kind}", functools.partial(TurnstileLock, http)),
+        ]
+        rates = []
+        for c in clients:
+            rates.append(run_rate(contenders[0].label, store, c, seconds, None))
+            rates.append(run_rate(contenders[1].label, http, c, seconds, pid))
+        progress("uncontended")
+        unc = run_uncontended(contenders, iterations=100 if quick else 2000,
+                              max_seconds=0.5 if quick else 3.0, trials=1 if quick else 3)
+        handover = []
+        for w in waiters:
+            progress(f"handover, {w} waiters")
+            handover += run_handover(contenders, processes=w + 1,
+                                     rounds=4 if quick else max(10, 160 // (w + 1)),
+                                     hold=0.002, max_seconds=2.5 if quick else 20.0)
+        labels = [c.label for c in contenders]
+        figure = Figure(
+            "requests", "try-acquire + release pairs per second by clients (higher is better)",
+            "clients", "pairs/s", clients,
+            {label: [r["per_second"] for r in rates if r["label"] == label] for label in labels},
+        )
+        return {
+            "command": " ".join(["python benchmarks/bench_http.py", *args.argv]),
+            "store": self.store_shown,
+            "rates": rates,
+            "uncontended": unc,
+            "handover": handover,
+            "figures": [figure],
+        }
+
+    def markdown(
+        self, results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]
+    ) -> str:
+        rates = results["rates"]
+        inproc = {r["clients"]: r for r in rates if r["label"].startswith("in-process")}
+        rows = [[r["label"], r["clients"], r["per_second"],
+                 r["per_second"] / inproc[r["clients"]]["per_second"]
+                 if r["clients"] in inproc else float("nan"),
+                 r["p50_ms"], r["p99_ms"], r["service_cpu_share"],
+                 r["service_cpu_ms_per_request"]] for r in rates]
+        http_rows = [r for r in rates if not r["label"].startswith("in-process")]
+        top = max(http_rows, key=lambda r: r["per_second"]) if http_rows else None
+        handover = results["handover"]
+        base = next((r.label for r in results["uncontended"] if r.label.startswith("in-")), None)
+        lines = [
+            "# HTTP service benchmark", "",
+            *machine_lines(info, results["command"]),
+            f"- store behind the service and in-process: `{results['store']}`; one "
+            "`turnstile serve` process (uvicorn, one event loop) on loopback",
+            "- the machine is shared with other jobs (up to 8 agents' test runs on 2 cores): "
+            "compare rows of this run only; ratios are what count.", "",
+            "## Try-acquire + release, requests per second per instance", "",
+            "Each pair is two requests (`acquire` without waiting, `release`). Clients are "
+            "asyncio tasks (two client processes when more than one).", "",
+            markdown_table(["path", "clients", "pairs/s", "vs in-process", "p50 ms", "p99 ms",
+                            "service CPU (cores)", "service CPU ms / request"], rows),
+            "",
+            "## Hand-over through long-poll", "",
+            handover_table(handover, baseline=base), "",
+            "## Uncontended (`with lock.acquire():`, one process)", "",
+            uncontended_table(results["uncontended"], baseline=base), "",
+            "## Reading the results", "",
+        ]
+        if top is not None and top["service_cpu_share"] >= 0.6:
+            lines.append(
+                f"- **What bounds it: the service's one core.** At {top['clients']} clients the "
+                f"service ran {top['per_second'] * 2:,.0f} requests/s using "
+                f"{top['service_cpu_share']:.2f} of a core "
+                f"({top['service_cpu_ms_per_request']:.2f} ms of CPU per request): one Python "
+                "process with one event loop, so its ceiling is one core divided by that CPU "
+                "per request (HTTP parsing, JSON, the Starlette/uvicorn stack, the store "
+                "call). On this 2-core machine the clients compete with it for the other core. "
+                "Instances keep no state: run several behind a load balancer to go past it.")
+        elif top is not None:
+            lines.append(
+                f"- **What bounds it: latency, not the service's CPU.** At {top['clients']} "
+                f"clients the service used only {top['service_cpu_share']:.2f} of a core "
+                f"({top['service_cpu_ms_per_request']:.2f} ms of CPU per request), so the "
+                "rate is set by each client waiting for one request at a time (round trip "
+                "through the client's HTTP stack, the service and the store); more clients "
+                "per instance raise it until the service's core is full, whose ceiling is "
+                "1000 / (CPU ms per request) requests/s.")
+        pairs = [(h, next((x for x in handover if x.processes == h.processes
+                            and x.label.startswith("in-")), None))
+                 for h in handover if h.label.startswith("HTTP")]
+        for h, i in pairs:
+            if i is not None:
+                lines.append(
+                    f"- **Hand-over, {h.processes - 1} waiters**: p50 {h.gap_p50_ms:.2f} ms over "
+                    f"HTTP against {i.gap_p50_ms:.2f} ms in-process "
+                    f"(+{h.gap_p50_ms - i.gap_p50_ms:.2f} ms: the release request, the "
+                    "service's wake-up of the long poll and its answer, then the waiter's "
+                    "claim request).")
+        return "\n".join(lines)
+
+    def sane(self, results: dict[str, Any]) -> bool:
+        return no_overlaps({**results, "webhooks": []})
+
+
+if __name__ == "__main__":
+    sys.exit(main(HttpBench()))
