@@ -43,6 +43,7 @@ from turnstile_bench import (
     Bench,
     Contender,
     TurnstileLock,
+    command_line,
     handover_table,
     machine_lines,
     main,
@@ -172,12 +173,14 @@ class HttpBench(Bench):
         with contextlib.ExitStack() as stack:
             folder = stack.enter_context(scratch_folder(args.tmpdir, "turnstile-bench-http-"))
             store = args.store or os.environ.get("TURNSTILE_TEST_REDIS_URL")
+            from turnstile._core.urls import redact
+
+            self.env = ([] if args.store or not store
+                        else [f"TURNSTILE_TEST_REDIS_URL={redact(store)}"])
             if store and store.startswith("redis"):
                 store = stack.enter_context(redis_prefix(store))
             elif not store:
                 store = f"sqlite:///{folder}/bench.db"
-            from turnstile._core.urls import redact
-
             self.store_shown = redact(store)
             url, pid = stack.enter_context(service(store, folder))
             yield store, url, pid
@@ -213,7 +216,7 @@ class HttpBench(Bench):
             {label: [r["per_second"] for r in rates if r["label"] == label] for label in labels},
         )
         return {
-            "command": " ".join(["python benchmarks/bench_http.py", *args.argv]),
+            "command": command_line("bench_http.py", args.argv, env=self.env),
             "store": self.store_shown,
             "rates": rates,
             "uncontended": unc,

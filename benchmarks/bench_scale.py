@@ -55,6 +55,7 @@ from turnstile_bench import (
     Bench,
     Contender,
     TurnstileLock,
+    command_line,
     machine_lines,
     main,
     markdown_table,
@@ -64,6 +65,8 @@ from turnstile_bench import (
 from turnstile_bench.plots import Figure
 from turnstile_bench.servers import Unavailable, _starter, own_redis, scratch_folder
 from turnstile_bench.workers import progress
+
+from turnstile._core.urls import redact
 
 TICK = os.sysconf("SC_CLK_TCK")
 TTL = 600.0
@@ -519,7 +522,9 @@ class ScaleBench(Bench):
         if not targets:
             raise Unavailable("no store available: " + "; ".join(notes.values()))
         return {
-            "command": " ".join(["python benchmarks/bench_scale.py", *args.argv]),
+            "command": command_line("bench_scale.py", args.argv, env=[
+                f"TURNSTILE_TEST_POSTGRES_URL={redact(os.environ['TURNSTILE_TEST_POSTGRES_URL'])}"
+            ] if notes.get("postgres", "").startswith("$") else []),
             "lines": lines, "names": names, "spread": spread, "notes": notes,
             "figures": self._figures(lines, names),
         }
