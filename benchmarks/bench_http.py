@@ -94,9 +94,10 @@ def service(store: str, folder: Path) -> Iterator[tuple[str, int]]:
         ready.unlink(missing_ok=True)
 
 
-def _rate_job(adapter: Any, args: tuple[str, int, float], go: float) -> list[float]:
+def _rate_job(adapter: Any, args: tuple[str, int, float], go: float) -> dict[str, Any]:
     """``tasks`` asyncio tasks on one ``turnstile.aio`` client, each acquire_nowait + release
-    of its own name until ``go + seconds``; returns every pair's duration."""
+    of its own name until ``go + seconds``; returns every pair's duration and the CPU
+    seconds this client process used meanwhile."""
     url, tasks, seconds = args
 
     async def run() -> list[float]:
@@ -122,22 +123,85 @@ def _rate_job(adapter: Any, args: tuple[str, int, float], go: float) -> list[flo
             await client.close()
         return out
 
-    return asyncio.run(run())
+    cpu0 = time.process_time()
+    pairs = asyncio.run(run())
+    return {"pairs": pairs, "cpu": time.process_time() - cpu0}
+
+
+# Where the service's CPU goes: each sampled stack is charged to the deepest frame that
+# matches one of these (first match from the leaf up), in this order of patterns.
+PROFILE_PARTS = (
+    ("store client (redis-py, psycopg, sqlite3, turnstile backends)",
+     ("redis/", "psycopg", "sqlite3", "turnstile/_async/backends", "turnstile/stores",
+      "turnstile/_core")),
+    ("JSON", ("json/",)),
+    ("turnstile service handlers", ("turnstile/server/",)),
+    ("Starlette (routing, request, response)", ("starlette/",)),
+    ("uvicorn / h11 / httptools (HTTP, transport)", ("uvicorn/", "h11/", "httptools")),
+    ("asyncio event loop", ("asyncio/", "selectors.py")),
+)
+
+
+def profile_service(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the service (``--nonblocking``: it is not paused) for ``seconds``;
+    None when py-spy is not installed or may not attach."""
+    import shutil
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return None
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate",
+         "250", "--format", "raw", "--nonblocking", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def profile_shares(raw: Path) -> dict[str, float]:
+    """Share of the service's CPU samples per part (:data:`PROFILE_PARTS`)."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        total += int(n)
+        part = "other"
+        for frame in reversed(stack.split(";")):
+            found = next((name for name, pats in PROFILE_PARTS if any(p in frame for p in pats)),
+                         None)
+            if found:
+                part = found
+                break
+        counts[part] = counts.get(part, 0) + int(n)
+    return {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])} if total else {}
 
 
 def run_rate(label: str, url: str, clients: int, seconds: float,
-             server_pid: int | None) -> dict[str, Any]:
+             server_pid: int | None, profile: Path | None = None) -> dict[str, Any]:
     processes = 1 if clients == 1 else 2
     per = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
     progress(f"  requests/s  {label}  {clients} clients")
-    contender = Contender(label, functools.partial(TurnstileLock, url))
-    cpu0 = cpu_seconds(server_pid) if server_pid else 0.0
-    started = time.monotonic()
+    # The service's CPU is read while the clients wait at the start line and once they are
+    # done (the contender's probe), so their start-up is not counted.
+    probe = (lambda: {"cpu": cpu_seconds(server_pid)}) if server_pid else None
+    contender = Contender(label, functools.partial(TurnstileLock, url), probe=probe)
+    # Start sampling a little after the workers (their spawn takes a second or two).
+    spy = None
+    if profile is not None and server_pid:
+        spy = profile_service(server_pid, seconds, profile)
     run = run_workers(contender, _rate_job, [(url, n, seconds) for n in per],
                       timeout=seconds + 120)
-    wall = time.monotonic() - started
-    cpu = (cpu_seconds(server_pid) - cpu0) if server_pid else float("nan")
-    pairs = [d for r in run.results for d in r]
+    wall = seconds
+    shares: dict[str, float] = {}
+    if spy is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(timeout=30)
+        if profile is not None and profile.exists():
+            shares = profile_shares(profile)
+    cpu = run.counters.get("cpu", float("nan"))
+    pairs = [d for r in run.results for d in r["pairs"]]
+    client_cpu = sum(r["cpu"] for r in run.results)
     return {
         "label": label,
         "clients": clients,
@@ -147,9 +211,11 @@ def run_rate(label: str, url: str, clients: int, seconds: float,
         "p99_ms": percentile(pairs, 99) * 1000,
         # Requests: try-acquire and release are one request each.
         "service_cpu_s": cpu,
+        "client_cpu_share": client_cpu / wall,
         "service_cpu_share": cpu / wall if server_pid else float("nan"),
         "service_cpu_ms_per_request": cpu * 1000 / (2 * len(pairs)) if pairs and server_pid
         else float("nan"),
+        "profile": shares,
     }
 
 
@@ -172,6 +238,7 @@ class HttpBench(Bench):
     def target(self, args: argparse.Namespace, info: dict[str, Any]) -> Iterator[Any]:
         with contextlib.ExitStack() as stack:
             folder = stack.enter_context(scratch_folder(args.tmpdir, "turnstile-bench-http-"))
+            self.folder = folder
             store = args.store or os.environ.get("TURNSTILE_TEST_REDIS_URL")
             from turnstile._core.urls import redact
 
@@ -199,7 +266,8 @@ class HttpBench(Bench):
         rates = []
         for c in clients:
             rates.append(run_rate(contenders[0].label, store, c, seconds, None))
-            rates.append(run_rate(contenders[1].label, http, c, seconds, pid))
+            profile = self.folder / "profile.txt" if c == max(clients) and not quick else None
+            rates.append(run_rate(contenders[1].label, http, c, seconds, pid, profile))
         progress("uncontended")
         unc = run_uncontended(contenders, iterations=100 if quick else 2000,
                               max_seconds=0.5 if quick else 3.0, trials=1 if quick else 3)
@@ -232,7 +300,7 @@ class HttpBench(Bench):
         rows = [[r["label"], r["clients"], r["per_second"],
                  r["per_second"] / inproc[r["clients"]]["per_second"]
                  if r["clients"] in inproc else float("nan"),
-                 r["p50_ms"], r["p99_ms"], r["service_cpu_share"],
+                 r["p50_ms"], r["p99_ms"], r["client_cpu_share"], r["service_cpu_share"],
                  r["service_cpu_ms_per_request"]] for r in rates]
         http_rows = [r for r in rates if not r["label"].startswith("in-process")]
         top = max(http_rows, key=lambda r: r["per_second"]) if http_rows else None
@@ -249,7 +317,8 @@ class HttpBench(Bench):
             "Each pair is two requests (`acquire` without waiting, `release`). Clients are "
             "asyncio tasks (two client processes when more than one).", "",
             markdown_table(["path", "clients", "pairs/s", "vs in-process", "p50 ms", "p99 ms",
-                            "service CPU (cores)", "service CPU ms / request"], rows),
+                            "clients' CPU (cores)", "service CPU (cores)",
+                            "service CPU ms / request"], rows),
             "",
             "## Hand-over through long-poll", "",
             handover_table(handover, baseline=base), "",
@@ -276,6 +345,13 @@ class HttpBench(Bench):
                 "through the client's HTTP stack, the service and the store); more clients "
                 "per instance raise it until the service's core is full, whose ceiling is "
                 "1000 / (CPU ms per request) requests/s.")
+        profiled = next((r for r in rates if r.get("profile")), None)
+        if profiled is not None:
+            lines += ["", f"Where the service's CPU went at {profiled['clients']} clients "
+                      "(py-spy, sampled stacks charged to the deepest frame of each part):", "",
+                      markdown_table(["part", "share of CPU samples"],
+                                     [[k, f"{v:.0%}"] for k, v in profiled["profile"].items()]),
+                      ""]
         pairs = [(h, next((x for x in handover if x.processes == h.processes
                             and x.label.startswith("in-")), None))
                  for h in handover if h.label.startswith("HTTP")]
