@@ -251,6 +251,7 @@ class NamesResult:
     store: str
     held: int
     bytes_per_held_name: float
+    bytes_per_released_name: float  # the record kept for the fencing counter, until it expires
     used_once: int
     ops_per_s: float  # acquire + release pairs per second
     server_cpu_s: float
@@ -352,6 +353,7 @@ async def measure_names(store: str, url: str, meter: Meter, held: int, used: int
             await leases[i].release()
 
         await _bounded(held, concurrency, free)
+        mem2 = meter.memory()  # what the released names still take (their records)
         work0, cpu0 = meter.work(), meter.cpu()
         started = time.monotonic()
 
@@ -365,7 +367,8 @@ async def measure_names(store: str, url: str, meter: Meter, held: int, used: int
         work1 = meter.work()
         after = meter.leftovers()
     return NamesResult(
-        store, held, (mem1 - mem0) / held, used, used / elapsed, cpu, used / cpu if cpu else 0.0,
+        store, held, (mem1 - mem0) / held, (mem2 - mem0) / held, used, used / elapsed, cpu,
+        used / cpu if cpu else 0.0,
         before[0], after[0], before[1], after[1],
         {k: (work1[k] - work0.get(k, 0.0)) / used for k in work1},
     )
@@ -588,11 +591,13 @@ class ScaleBench(Bench):
                      r.bytes_per_waiter if r.waiters > 2 else float("nan")] for r in lines]),
                "", "## Names: held at once, then used once each", "",
                markdown_table(
-                   ["store", "held at once", "bytes / held name", "used once",
+                   ["store", "held at once", "bytes / held name", "bytes / released name",
+                    "used once",
                     "acquire+release /s", "server CPU s", "pairs / CPU-second",
                     "live entries before", "after", "name records before", "after",
                     *[f"{k} / pair" for k in work_keys]],
-                   [[r.store, r.held, r.bytes_per_held_name, r.used_once, r.ops_per_s,
+                   [[r.store, r.held, r.bytes_per_held_name, r.bytes_per_released_name,
+                     r.used_once, r.ops_per_s,
                      r.server_cpu_s, r.pairs_per_cpu_s, r.live_before, r.live_after,
                      r.records_before, r.records_after,
                      *[r.per_pair.get(k, float("nan")) for k in work_keys]] for r in names])]
