@@ -62,6 +62,15 @@ from turnstile_bench.workers import progress
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def runqueue_wait(pid: int | str = "self") -> float:
+    """Seconds a process has spent runnable but waiting for a core (``/proc/PID/schedstat``,
+    second field); NaN where the kernel does not say."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (and its waited-for children) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -111,11 +120,13 @@ def _rate_job(adapter: Any, args: tuple[str, int, float], go: float) -> dict[str
 
         async def one(i: int) -> None:
             lock = client.lock(f"bench-rate:{pid}:{i}:{secrets.token_hex(3)}")
-            while clock() < stop:
+            while True:  # at least one pair each, however slow the machine
                 t0 = clock()
                 lease = await lock.acquire_nowait()
                 await lease.release()
                 out.append(clock() - t0)
+                if clock() >= stop:
+                    break
 
         try:
             await asyncio.gather(*(one(i) for i in range(tasks)))
@@ -123,9 +134,10 @@ def _rate_job(adapter: Any, args: tuple[str, int, float], go: float) -> dict[str
             await client.close()
         return out
 
-    cpu0 = time.process_time()
+    cpu0, wait0 = time.process_time(), runqueue_wait()
     pairs = asyncio.run(run())
-    return {"pairs": pairs, "cpu": time.process_time() - cpu0}
+    return {"pairs": pairs, "cpu": time.process_time() - cpu0, "wait": runqueue_wait() - wait0,
+            "elapsed": time.monotonic() - go}
 
 
 # Where the service's CPU goes: each sampled stack is charged to the deepest frame that
@@ -184,7 +196,8 @@ def run_rate(label: str, url: str, clients: int, seconds: float,
     progress(f"  requests/s  {label}  {clients} clients")
     # The service's CPU is read while the clients wait at the start line and once they are
     # done (the contender's probe), so their start-up is not counted.
-    probe = (lambda: {"cpu": cpu_seconds(server_pid)}) if server_pid else None
+    probe = ((lambda: {"cpu": cpu_seconds(server_pid), "wait": runqueue_wait(server_pid)})
+             if server_pid else None)
     contender = Contender(label, functools.partial(TurnstileLock, url), probe=probe)
     # Start sampling a little after the workers (their spawn takes a second or two).
     spy = None
@@ -192,7 +205,7 @@ def run_rate(label: str, url: str, clients: int, seconds: float,
         spy = profile_service(server_pid, seconds, profile)
     run = run_workers(contender, _rate_job, [(url, n, seconds) for n in per],
                       timeout=seconds + 120)
-    wall = seconds
+    wall = max(r["elapsed"] for r in run.results)  # from the start line to the last pair
     shares: dict[str, float] = {}
     if spy is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -202,16 +215,20 @@ def run_rate(label: str, url: str, clients: int, seconds: float,
     cpu = run.counters.get("cpu", float("nan"))
     pairs = [d for r in run.results for d in r["pairs"]]
     client_cpu = sum(r["cpu"] for r in run.results)
+    client_wait = sum(r["wait"] for r in run.results)
     return {
         "label": label,
         "clients": clients,
         "pairs": len(pairs),
-        "per_second": len(pairs) / seconds,
+        "per_second": len(pairs) / wall,
         "p50_ms": percentile(pairs, 50) * 1000,
         "p99_ms": percentile(pairs, 99) * 1000,
         # Requests: try-acquire and release are one request each.
         "service_cpu_s": cpu,
         "client_cpu_share": client_cpu / wall,
+        # Runnable but waiting for a core (the machine's other load): seconds per second.
+        "client_runq_share": client_wait / wall,
+        "service_runq_share": run.counters.get("wait", float("nan")) / wall,
         "service_cpu_share": cpu / wall if server_pid else float("nan"),
         "service_cpu_ms_per_request": cpu * 1000 / (2 * len(pairs)) if pairs and server_pid
         else float("nan"),
@@ -300,7 +317,8 @@ class HttpBench(Bench):
         rows = [[r["label"], r["clients"], r["per_second"],
                  r["per_second"] / inproc[r["clients"]]["per_second"]
                  if r["clients"] in inproc else float("nan"),
-                 r["p50_ms"], r["p99_ms"], r["client_cpu_share"], r["service_cpu_share"],
+                 r["p50_ms"], r["p99_ms"], r["client_cpu_share"], r["client_runq_share"],
+                 r["service_cpu_share"], r["service_runq_share"],
                  r["service_cpu_ms_per_request"]] for r in rates]
         http_rows = [r for r in rates if not r["label"].startswith("in-process")]
         top = max(http_rows, key=lambda r: r["per_second"]) if http_rows else None
@@ -317,8 +335,13 @@ class HttpBench(Bench):
             "Each pair is two requests (`acquire` without waiting, `release`). Clients are "
             "asyncio tasks (two client processes when more than one).", "",
             markdown_table(["path", "clients", "pairs/s", "vs in-process", "p50 ms", "p99 ms",
-                            "clients' CPU (cores)", "service CPU (cores)",
+                            "clients' CPU (cores)", "clients waiting for a core",
+                            "service CPU (cores)", "service waiting for a core",
                             "service CPU ms / request"], rows),
+            "",
+            "*waiting for a core*: seconds per second that the processes were runnable but "
+            "not running (`/proc/PID/schedstat`), i.e. what the machine's other load cost them; "
+            "summed over the client processes.",
             "",
             "## Hand-over through long-poll", "",
             handover_table(handover, baseline=base), "",
@@ -326,25 +349,39 @@ class HttpBench(Bench):
             uncontended_table(results["uncontended"], baseline=base), "",
             "## Reading the results", "",
         ]
-        if top is not None and top["service_cpu_share"] >= 0.6:
-            lines.append(
-                f"- **What bounds it: the service's one core.** At {top['clients']} clients the "
-                f"service ran {top['per_second'] * 2:,.0f} requests/s using "
-                f"{top['service_cpu_share']:.2f} of a core "
-                f"({top['service_cpu_ms_per_request']:.2f} ms of CPU per request): one Python "
-                "process with one event loop, so its ceiling is one core divided by that CPU "
-                "per request (HTTP parsing, JSON, the Starlette/uvicorn stack, the store "
-                "call). On this 2-core machine the clients compete with it for the other core. "
-                "Instances keep no state: run several behind a load balancer to go past it.")
-        elif top is not None:
-            lines.append(
-                f"- **What bounds it: latency, not the service's CPU.** At {top['clients']} "
-                f"clients the service used only {top['service_cpu_share']:.2f} of a core "
-                f"({top['service_cpu_ms_per_request']:.2f} ms of CPU per request), so the "
-                "rate is set by each client waiting for one request at a time (round trip "
-                "through the client's HTTP stack, the service and the store); more clients "
-                "per instance raise it until the service's core is full, whose ceiling is "
-                "1000 / (CPU ms per request) requests/s.")
+        if top is not None:
+            waits = top["service_runq_share"]
+            if top["service_cpu_share"] >= 0.6:
+                lines.append(
+                    f"- **What bounds it: the service's one core.** At {top['clients']} clients "
+                    f"the service ran {top['per_second'] * 2:,.0f} requests/s using "
+                    f"{top['service_cpu_share']:.2f} of a core "
+                    f"({top['service_cpu_ms_per_request']:.2f} ms of CPU per request): one "
+                    "Python process with one event loop, so its ceiling is one core divided by "
+                    "that CPU per request (HTTP parsing, JSON, the Starlette/uvicorn stack, the "
+                    "store call). Instances keep no state: run several behind a load balancer "
+                    "to go past it.")
+            elif waits == waits and waits > top["service_cpu_share"]:
+                lines.append(
+                    f"- **What bounds it here: the machine, not the service.** At "
+                    f"{top['clients']} clients the service used {top['service_cpu_share']:.2f} "
+                    f"of a core ({top['service_cpu_ms_per_request']:.2f} ms of CPU per request) "
+                    f"but spent {waits:.2f} s per second runnable and waiting for a core "
+                    f"(the clients {top['client_runq_share']:.2f}): on this shared 2-core "
+                    "machine every hop of a request (client, service, store, service, client) "
+                    "waits for the scheduler, and an HTTP request has two more hops than an "
+                    "in-process call. The service's own ceiling is 1000 / (CPU ms per request) "
+                    f"= {1000 / top['service_cpu_ms_per_request']:,.0f} requests/s per core; "
+                    "measure on an idle host for the absolute figure.")
+            else:
+                lines.append(
+                    f"- **What bounds it: latency, not the service's CPU.** At {top['clients']} "
+                    f"clients the service used only {top['service_cpu_share']:.2f} of a core "
+                    f"({top['service_cpu_ms_per_request']:.2f} ms of CPU per request), so the "
+                    "rate is set by each client waiting for one request at a time (round trip "
+                    "through the client's HTTP stack, the service and the store); more clients "
+                    "raise it until the service's core is full: 1000 / (CPU ms per request) "
+                    "requests/s.")
         profiled = next((r for r in rates if r.get("profile")), None)
         if profiled is not None:
             lines += ["", f"Where the service's CPU went at {profiled['clients']} clients "
