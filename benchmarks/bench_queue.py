@@ -177,6 +177,14 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
                    "(a job whose lock is held waits, in id order); it has no cap and no "
                    "visibility timeout (a worker that dies leaves its job `doing` until "
                    "`retry_stalled_jobs` is run).")
+    behind = [r for r in throughput if r.per_second < r.paced_rate]
+    if behind:
+        out.append(
+            "- **Backlog**: " + ", ".join(f"{r.store} {r.queue}" + (" (keyed)" if r.keys else "")
+                                          for r in behind)
+            + f" drained fewer messages per second than the latency test puts "
+            f"({behind[0].paced_rate:g}/s), so their put->start latency there is mostly the "
+            "backlog growing, not the queue's wake-up.")
     kr = keyed.get(("redis", "turnstile"))
     if kr and rd:
         out.append(f"- **Keys** ({kr.keys} keys, one message in flight per key): the Turnstile "
