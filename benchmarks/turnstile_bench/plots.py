@@ -140,7 +140,7 @@ def webhook_figure(groups: Sequence[Sequence[WebhookResult]]) -> Figure | None:
 def throughput_figures(rows: Sequence[ThroughputRow]) -> list[Figure]:
     if not rows:
         return []
-    labels = [f"{r.store}: {r.queue}" for r in rows]
+    labels = [f"{r.store}: {r.queue}" + (f" ({r.keys} keys)" if r.keys else "") for r in rows]
     return [
         Figure("throughput", "Queue drain, messages per second (higher is better)", "",
                "messages/s", labels, {"messages/s": [r.per_second for r in rows]}),
