@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import secrets
 import subprocess
@@ -140,6 +141,57 @@ def _rate_job(adapter: Any, args: tuple[str, int, float], go: float) -> dict[str
             "elapsed": time.monotonic() - go}
 
 
+def _raw_job(adapter: Any, args: tuple[str, int, float], go: float) -> dict[str, Any]:
+    """The same pairs without the library's HTTP client: ``tasks`` asyncio streams, each a
+    keep-alive connection of its own sending each request in one write (the JSON API,
+    ``POST /v1/locks/acquire`` then ``/v1/locks/release``). Separates the service's cost
+    from the client's."""
+    url, tasks, seconds = args
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+
+    async def run() -> list[float]:
+        clock = time.monotonic
+        stop = go + seconds
+        out: list[float] = []
+
+        async def request(reader: Any, writer: Any, path: str, body: bytes) -> None:
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                         + body)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"the service answered {head[:40]!r}")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+
+        async def one(i: int) -> None:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            name = f"bench-raw:{os.getpid()}:{i}:{secrets.token_hex(3)}"
+            acquire = json.dumps({"name": name, "holder": "h", "ttl": 30}).encode()
+            release = json.dumps({"name": name, "holder": "h"}).encode()
+            try:
+                while True:
+                    t0 = clock()
+                    await request(reader, writer, "/v1/locks/acquire", acquire)
+                    await request(reader, writer, "/v1/locks/release", release)
+                    out.append(clock() - t0)
+                    if clock() >= stop:
+                        break
+            finally:
+                writer.close()
+
+        await asyncio.gather(*(one(i) for i in range(tasks)))
+        return out
+
+    cpu0, wait0 = time.process_time(), runqueue_wait()
+    pairs = asyncio.run(run())
+    return {"pairs": pairs, "cpu": time.process_time() - cpu0, "wait": runqueue_wait() - wait0,
+            "elapsed": time.monotonic() - go}
+
+
+RAW = "HTTP service, minimal client"  # the library's client left out: raw keep-alive streams
+
 # Where the service's CPU goes: each sampled stack is charged to the deepest frame that
 # matches one of these (first match from the leaf up), in this order of patterns.
 PROFILE_PARTS = (
@@ -190,7 +242,8 @@ def profile_shares(raw: Path) -> dict[str, float]:
 
 
 def run_rate(label: str, url: str, clients: int, seconds: float,
-             server_pid: int | None, profile: Path | None = None) -> dict[str, Any]:
+             server_pid: int | None, profile: Path | None = None,
+             job: Any = _rate_job) -> dict[str, Any]:
     processes = 1 if clients == 1 else 2
     per = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
     progress(f"  requests/s  {label}  {clients} clients")
@@ -203,7 +256,7 @@ def run_rate(label: str, url: str, clients: int, seconds: float,
     spy = None
     if profile is not None and server_pid:
         spy = profile_service(server_pid, seconds, profile)
-    run = run_workers(contender, _rate_job, [(url, n, seconds) for n in per],
+    run = run_workers(contender, job, [(url, n, seconds) for n in per],
                       timeout=seconds + 120)
     wall = max(r["elapsed"] for r in run.results)  # from the start line to the last pair
     shares: dict[str, float] = {}
@@ -226,6 +279,8 @@ def run_rate(label: str, url: str, clients: int, seconds: float,
         # Requests: try-acquire and release are one request each.
         "service_cpu_s": cpu,
         "client_cpu_share": client_cpu / wall,
+        "client_cpu_ms_per_request": client_cpu * 1000 / (2 * len(pairs)) if pairs
+        else float("nan"),
         # Runnable but waiting for a core (the machine's other load): seconds per second.
         "client_runq_share": client_wait / wall,
         "service_runq_share": run.counters.get("wait", float("nan")) / wall,
@@ -285,6 +340,7 @@ class HttpBench(Bench):
             rates.append(run_rate(contenders[0].label, store, c, seconds, None))
             profile = self.folder / "profile.txt" if c == max(clients) and not quick else None
             rates.append(run_rate(contenders[1].label, http, c, seconds, pid, profile))
+            rates.append(run_rate(RAW, http, c, seconds, pid, job=_raw_job))
         progress("uncontended")
         unc = run_uncontended(contenders, iterations=100 if quick else 2000,
                               max_seconds=0.5 if quick else 3.0, trials=1 if quick else 3)
@@ -294,7 +350,7 @@ class HttpBench(Bench):
             handover += run_handover(contenders, processes=w + 1,
                                      rounds=4 if quick else max(10, 160 // (w + 1)),
                                      hold=0.002, max_seconds=2.5 if quick else 20.0)
-        labels = [c.label for c in contenders]
+        labels = [c.label for c in contenders] + [RAW]
         figure = Figure(
             "requests", "try-acquire + release pairs per second by clients (higher is better)",
             "clients", "pairs/s", clients,
@@ -317,11 +373,13 @@ class HttpBench(Bench):
         rows = [[r["label"], r["clients"], r["per_second"],
                  r["per_second"] / inproc[r["clients"]]["per_second"]
                  if r["clients"] in inproc else float("nan"),
-                 r["p50_ms"], r["p99_ms"], r["client_cpu_share"], r["client_runq_share"],
+                 r["p50_ms"], r["p99_ms"], r["client_cpu_share"],
+                 r["client_cpu_ms_per_request"], r["client_runq_share"],
                  r["service_cpu_share"], r["service_runq_share"],
                  r["service_cpu_ms_per_request"]] for r in rates]
         http_rows = [r for r in rates if not r["label"].startswith("in-process")]
-        top = max(http_rows, key=lambda r: r["per_second"]) if http_rows else None
+        # Where the service worked hardest says most about its own bound.
+        top = max(http_rows, key=lambda r: r["service_cpu_share"]) if http_rows else None
         handover = results["handover"]
         base = next((r.label for r in results["uncontended"] if r.label.startswith("in-")), None)
         lines = [
@@ -335,7 +393,8 @@ class HttpBench(Bench):
             "Each pair is two requests (`acquire` without waiting, `release`). Clients are "
             "asyncio tasks (two client processes when more than one).", "",
             markdown_table(["path", "clients", "pairs/s", "vs in-process", "p50 ms", "p99 ms",
-                            "clients' CPU (cores)", "clients waiting for a core",
+                            "clients' CPU (cores)", "clients' CPU ms / request",
+                            "clients waiting for a core",
                             "service CPU (cores)", "service waiting for a core",
                             "service CPU ms / request"], rows),
             "",
@@ -382,6 +441,23 @@ class HttpBench(Bench):
                     "through the client's HTTP stack, the service and the store); more clients "
                     "raise it until the service's core is full: 1000 / (CPU ms per request) "
                     "requests/s.")
+        raw = {r["clients"]: r for r in rates if r["label"] == RAW}
+        lib = {r["clients"]: r for r in rates if r["label"].startswith("HTTP service on")}
+        if raw and lib:
+            lines.append(
+                "- **Client or service?** With a minimal client (one keep-alive stream per "
+                "client, each request one write) the same service answered "
+                + ", ".join(f"{raw[c]['per_second']:,.0f} pairs/s at {c} clients "
+                            f"({raw[c]['per_second'] / lib[c]['per_second']:.1f}x the library's "
+                            "client)" for c in sorted(raw) if c in lib)
+                + "; the clients' CPU per request was "
+                + ", ".join(f"{lib[c]['client_cpu_ms_per_request']:.2f} ms with the library's "
+                            f"client against {raw[c]['client_cpu_ms_per_request']:.2f} ms minimal "
+                            f"({c} clients)" for c in sorted(raw) if c in lib)
+                + ". Where the ratio is well above 1, the bound is the client: the library's "
+                "HTTP backend (`turnstile.aio` over httpx's request and connection-pool "
+                "machinery) spends that much CPU per request, and on a machine short of cores "
+                "it also waits for one that much longer.")
         profiled = next((r for r in rates if r.get("profile")), None)
         if profiled is not None:
             lines += ["", f"Where the service's CPU went at {profiled['clients']} clients "
