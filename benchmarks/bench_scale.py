@@ -562,10 +562,10 @@ class ScaleBench(Bench):
         sizes = sorted({r.waiters for r in lines})
         by = {(r.store, r.waiters): r for r in lines}
         return [
-            Figure("line", "Hand-over p50 by waiters in line (ms; flat is the goal)",
+            Figure("line", "Hand-over p50 by waiters in line (ms, log scale; flat is the goal)",
                    "waiters in line", "ms", [f"{w:,}" for w in sizes],
                    {s: [by[(s, w)].p50_ms if (s, w) in by else float("nan") for w in sizes]
-                    for s in stores}),
+                    for s in stores}, logy=True),
             Figure("names", "Names used once: acquire + release per second", "",
                    "pairs/s", [r.store for r in names], {"pairs/s": [r.ops_per_s for r in names]}),
         ]
