@@ -202,7 +202,7 @@ PROFILE_PARTS = (
     ("turnstile service handlers", ("turnstile/server/",)),
     ("Starlette (routing, request, response)", ("starlette/",)),
     ("uvicorn / h11 / httptools (HTTP, transport)", ("uvicorn/", "h11/", "httptools")),
-    ("asyncio event loop", ("asyncio/", "selectors.py")),
+    ("asyncio event loop (py-spy counts its wait in select too)", ("asyncio/", "selectors.py")),
 )
 
 
