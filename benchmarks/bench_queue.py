@@ -55,6 +55,19 @@ from turnstile_bench.servers import (
 )
 
 
+def forget_rq_queue(url: str, name: str) -> None:
+    """RQ lists every queue it saw in the set ``rq:queues``: take ours out (and the set, if
+    nothing else is left in it)."""
+    import contextlib
+
+    import redis
+
+    with contextlib.closing(redis.Redis.from_url(url)) as r:
+        r.srem("rq:queues", f"rq:queue:{name}")
+        if not r.scard("rq:queues"):
+            r.delete("rq:queues")
+
+
 def has(module: str) -> bool:
     """A peer from the ``bench`` extra is installed (its rows are left out otherwise)."""
     return importlib.util.find_spec(module) is not None
@@ -245,6 +258,7 @@ class QueueBench(Bench):
                     note="no keys, no cap; a job per message"))
             finally:
                 delete_redis_keys(args.redis, f"rq:*{name}*")
+                forget_rq_queue(args.redis, name)
             if has("dramatiq"):
                 namespace = f"bench-dq-{secrets.token_hex(4)}"
                 try:
