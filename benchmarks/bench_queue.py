@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 import secrets
 import sys
@@ -37,14 +38,39 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from turnstile_bench import Bench, WebhookScenario, machine_lines, main, markdown_table
-from turnstile_bench.adapters import RQQueue, SkipLockedQueue, TurnstileQueue
+from turnstile_bench.adapters import (
+    DramatiqQueue,
+    ProcrastinateQueue,
+    RQQueue,
+    SkipLockedQueue,
+    TurnstileQueue,
+)
 from turnstile_bench.scenarios import ThroughputRow, WebhookRow, run_throughput, run_webhook_pair
 from turnstile_bench.servers import (
     delete_redis_keys,
     postgres_schema,
+    procrastinate_database,
     redis_prefix,
     scratch_folder,
 )
+
+
+def forget_rq_queue(url: str, name: str) -> None:
+    """RQ lists every queue it saw in the set ``rq:queues``: take ours out (and the set, if
+    nothing else is left in it)."""
+    import contextlib
+
+    import redis
+
+    with contextlib.closing(redis.Redis.from_url(url)) as r:
+        r.srem("rq:queues", f"rq:queue:{name}")
+        if not r.scard("rq:queues"):
+            r.delete("rq:queues")
+
+
+def has(module: str) -> bool:
+    """A peer from the ``bench`` extra is installed (its rows are left out otherwise)."""
+    return importlib.util.find_spec(module) is not None
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,7 @@ class QueueSizes:
     paced: int
     rate: float
     consumers: int
+    keys: int
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> QueueSizes:
@@ -72,6 +99,7 @@ class QueueSizes:
             paced=args.paced or (50 if q else 500),
             rate=args.rate or (100.0 if q else 200.0),
             consumers=args.consumers or (2 if q else 4),
+            keys=args.keys or (8 if q else 64),
         )
 
     def scenario(self) -> WebhookScenario:
@@ -93,7 +121,9 @@ def _command(argv: list[str]) -> str:
 def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
             info: dict[str, Any]) -> list[str]:
     """'Reading the results', from this run's numbers."""
-    rate = {(r.store, r.queue): r.per_second for r in throughput}
+    rate = {(r.store, r.queue): r.per_second for r in throughput if not r.keys}
+    keyed = {(r.store, r.queue): r for r in throughput if r.keys}
+    lat = {(r.store, r.queue): r for r in throughput if not r.keys}
     load = info.get("loadavg")
     out = ["## Reading the results", ""]
     out.append(f"- Compare rows of this run only: the machine is shared (load average at start "
@@ -136,13 +166,50 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
             f"status updates): {rq:,.0f} messages/s with its `SimpleWorker`s, against "
             f"{rd:,.0f} for the Turnstile queue on the same Redis ({rd / rq:.1f}x; one Lua "
             "script per put, claim and ack).")
+    dq = rate.get(("redis", "Dramatiq (RedisBroker)"))
+    if dq and rd:
+        out.append(
+            f"- **Dramatiq** (its `RedisBroker` consumer, prefetch 1): {dq:,.0f} messages/s, "
+            f"the Turnstile queue {rd / dq:.1f}x that on the same Redis; put->start p50 "
+            f"{lat[('redis', 'Dramatiq (RedisBroker)')].latency_p50_ms:.1f} ms against "
+            f"{lat[('redis', 'turnstile')].latency_p50_ms:.2f} ms: an idle Dramatiq consumer "
+            "polls with an exponential back-off, a Turnstile consumer is woken by the put.")
+    pr = rate.get(("postgres", "procrastinate"))
+    if pr and pg:
+        line = (f"- **procrastinate** (its own `Worker`, LISTEN/NOTIFY): {pr:,.0f} messages/s "
+                f"without a lock, against {pg:,.0f} for the Turnstile queue on the same "
+                f"PostgreSQL ({pg / pr:.2f}x)")
+        kp, kt = keyed.get(("postgres", "procrastinate")), keyed.get(("postgres", "turnstile"))
+        if kp and kt:
+            line += (f"; with a `lock` per key ({kp.keys} keys), {kp.per_second:,.0f} against "
+                     f"Turnstile's keyed queue {kt.per_second:,.0f} "
+                     f"({kt.per_second / kp.per_second:.2f}x)"
+                     f"; put->start p50 {kp.latency_p50_ms:.1f} ms against "
+                     f"{kt.latency_p50_ms:.1f} ms")
+        out.append(line + ". procrastinate's lock only orders jobs that are already queued "
+                   "(a job whose lock is held waits, in id order); it has no cap and no "
+                   "visibility timeout (a worker that dies leaves its job `doing` until "
+                   "`retry_stalled_jobs` is run).")
+    behind = [r for r in throughput if r.per_second < r.paced_rate]
+    if behind:
+        out.append(
+            "- **Backlog**: " + ", ".join(f"{r.store} {r.queue}" + (" (keyed)" if r.keys else "")
+                                          for r in behind)
+            + f" drained fewer messages per second than the latency test puts "
+            f"({behind[0].paced_rate:g}/s), so their put->start latency there is mostly the "
+            "backlog growing, not the queue's wake-up.")
+    kr = keyed.get(("redis", "turnstile"))
+    if kr and rd:
+        out.append(f"- **Keys** ({kr.keys} keys, one message in flight per key): the Turnstile "
+                   f"queue on Redis drains {kr.per_second:,.0f} messages/s "
+                   f"({kr.per_second / rd:.2f}x keyless).")
     return out
 
 
 class QueueBench(Bench):
     name = "queue"
     description = __doc__ or ""
-    packages = ("redis", "psycopg", "rq")
+    packages = ("redis", "psycopg", "rq", "dramatiq", "procrastinate")
     tmpdir_help = "where the SQLite file goes"
     json_writes_results = False
 
@@ -158,6 +225,8 @@ class QueueBench(Bench):
         parser.add_argument("--paced", type=int, default=None, help="latency: messages put")
         parser.add_argument("--rate", type=float, default=None, help="latency: puts per second")
         parser.add_argument("--consumers", type=int, default=None)
+        parser.add_argument("--keys", type=int, default=None,
+                            help="keyed throughput rows: messages spread over this many keys")
 
     def run(self, args: argparse.Namespace, target: None) -> dict[str, Any]:
         s = QueueSizes.of(args)
@@ -172,12 +241,16 @@ class QueueBench(Bench):
             throughput.append(
                 tp("sqlite", "turnstile", functools.partial(TurnstileQueue, url, "tp"))
             )
+        keyed = functools.partial(tp, keys=s.keys)
         if args.redis:
             with redis_prefix(args.redis) as url:
                 webhooks += run_webhook_pair("redis", url, scenario, s.workers)
                 throughput.append(
                     tp("redis", "turnstile", functools.partial(TurnstileQueue, url, "tp"))
                 )
+                throughput.append(keyed(
+                    "redis", "turnstile", functools.partial(TurnstileQueue, url, "tpk"),
+                    note="per-key FIFO, one in flight per key"))
             name = f"bench-{secrets.token_hex(4)}"
             try:
                 throughput.append(tp(
@@ -185,16 +258,39 @@ class QueueBench(Bench):
                     note="no keys, no cap; a job per message"))
             finally:
                 delete_redis_keys(args.redis, f"rq:*{name}*")
+                forget_rq_queue(args.redis, name)
+            if has("dramatiq"):
+                namespace = f"bench-dq-{secrets.token_hex(4)}"
+                try:
+                    throughput.append(tp(
+                        "redis", "Dramatiq (RedisBroker)",
+                        functools.partial(DramatiqQueue, args.redis, namespace),
+                        note="no keys, no cap; consumer polls with back-off when empty"))
+                finally:
+                    delete_redis_keys(args.redis, f"{namespace}*")
         if args.postgres:
             with postgres_schema(args.postgres) as (url, schema):
                 webhooks += run_webhook_pair("postgres", url, scenario, s.workers)
                 throughput.append(
                     tp("postgres", "turnstile", functools.partial(TurnstileQueue, url, "tp"))
                 )
+                throughput.append(keyed(
+                    "postgres", "turnstile", functools.partial(TurnstileQueue, url, "tpk"),
+                    note="per-key FIFO, one in flight per key"))
                 throughput.append(tp(
                     "postgres", "SKIP LOCKED table",
                     functools.partial(SkipLockedQueue, args.postgres, schema),
                     note="no keys, no cap, no visibility timeout; LISTEN/NOTIFY"))
+            if has("procrastinate"):
+                with procrastinate_database(args.postgres) as proc_url:
+                    throughput.append(tp(
+                        "postgres", "procrastinate",
+                        functools.partial(ProcrastinateQueue, proc_url),
+                        note="no lock; its Worker, LISTEN/NOTIFY, jobs deleted when done"))
+                    throughput.append(keyed(
+                        "postgres", "procrastinate",
+                        functools.partial(ProcrastinateQueue, proc_url),
+                        note="lock=key: one job per lock at a time (its per-key serialisation)"))
         return {"command": _command(args.argv), "webhooks": webhooks, "throughput": throughput}
 
     def markdown(
@@ -218,9 +314,10 @@ class QueueBench(Bench):
                  f"## Throughput ({s.consumers} consumers; drain of {s.messages} queued messages;"
                  f" latency of {s.paced} messages put at {s.rate:g}/s)", "",
                  markdown_table(
-                     ["store", "queue", "messages/s", "put->start p50 ms", "p99 ms", "notes"],
-                     [[r.store, r.queue, r.per_second, r.latency_p50_ms, r.latency_p99_ms,
-                       r.notes] for r in throughput]),
+                     ["store", "queue", "keys", "messages/s", "put->start p50 ms", "p99 ms",
+                      "notes"],
+                     [[r.store, r.queue, r.keys or "-", r.per_second, r.latency_p50_ms,
+                       r.latency_p99_ms, r.notes] for r in throughput]),
                  "", *reading(webhooks, throughput, info)]
         return "\n".join(lines)
 

@@ -62,27 +62,92 @@ def test_quick_run_completes(script: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout)
     assert results["machine"]["python"]
-    if script.stem == "bench_queue":  # its own scenarios: webhooks by queue/lock, throughput
-        assert {r["how"] for r in results["webhooks"]} == {"by lock", "by queue"}
-        assert results["throughput"] and all(r["per_second"] > 0 for r in results["throughput"])
-        text = output.read_text("utf-8")
-        assert "python benchmarks/bench_queue.py" in text.split("- command: `", 1)[1]
-        assert "## Reading the results" in text
-        assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
-        return
+    text = output.read_text("utf-8")
+    assert f"python benchmarks/{script.name}" in text.split("- command: `", 1)[1]
+    check = CHECKS.get(script.stem, _check_lock_bench)
+    check(results, text)
+    # Plots beside the results file, each linked from it; nothing else left behind.
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs, "no plot drawn"
+    for name in pngs:
+        assert name.startswith("results-") and f"]({name})" in text
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["results.md", *pngs])
+
+
+def _check_lock_bench(results: dict, text: str) -> None:
     assert results["uncontended"] and all(r["ops_per_s"] > 0 for r in results["uncontended"])
     assert results["handover"] and all(r["grants"] > 0 for r in results["handover"])
     assert results["webhooks"] and all(
         r["events"] > 0 for group in results["webhooks"] for r in group
     )
-    text = output.read_text(encoding="utf-8")
-    assert "- command: `python benchmarks/" in text
     tables = [line for line in text.splitlines() if line.startswith("| lock |")]
     assert len(tables) >= 3, text
     for label in {r["label"] for r in results["uncontended"]}:
         assert f"| {label} |" in text
-    # Nothing left behind in the scratch directory given to the script.
-    assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
+
+
+def _check_queue(results: dict, text: str) -> None:
+    # Its own scenarios: webhooks by queue/lock, throughput beside the peers.
+    assert {r["how"] for r in results["webhooks"]} == {"by lock", "by queue"}
+    assert results["throughput"] and all(r["per_second"] > 0 for r in results["throughput"])
+    assert "## Reading the results" in text
+    queues = {(r["store"], r["queue"], bool(r["keys"])) for r in results["throughput"]}
+    if any(store == "redis" for store, _, _ in queues):
+        assert ("redis", "turnstile", True) in queues
+        assert ("redis", "Dramatiq (RedisBroker)", False) in queues
+    if any(store == "postgres" for store, _, _ in queues):
+        assert ("postgres", "procrastinate", True) in queues  # jobs with a lock per key
+        assert ("postgres", "procrastinate", False) in queues
+
+
+def _check_http(results: dict, text: str) -> None:
+    rates = results["rates"]
+    assert {r["clients"] for r in rates} == {1, 8}
+    assert {r["label"].split(" ")[0] for r in rates} == {"in-process", "HTTP"}
+    assert all(r["per_second"] > 0 and r["pairs"] > 0 for r in rates)
+    http = [r for r in rates if r["label"].startswith("HTTP")]
+    assert all(r["service_cpu_s"] is not None and r["service_cpu_s"] >= 0 for r in http)
+    assert results["handover"] and all(r["grants"] > 0 and r["overlaps"] == 0
+                                       for r in results["handover"])
+    assert "What bounds it" in text
+
+
+def _check_scale(results: dict, text: str) -> None:
+    stores = {r["store"] for r in results["lines"]}
+    assert "sqlite" in stores
+    for store in stores:
+        sizes = sorted(r["waiters"] for r in results["lines"] if r["store"] == store)
+        assert sizes[0] == 2 and sizes[-1] > 2
+    assert all(r["grants"] > 0 and r["p50_ms"] > 0 for r in results["lines"])
+    for r in results["names"]:
+        assert r["live_after"] == r["live_before"] == 0, r  # names used once: no entry stays
+        assert r["ops_per_s"] > 0 and r["bytes_per_held_name"] > 0
+    assert "## Reading the results" in text
+
+
+CHECKS = {"bench_queue": _check_queue, "bench_http": _check_http, "bench_scale": _check_scale}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_run_all_regenerates_results_and_plots(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "run_all.py"), "--quick", "--only", "sqlite",
+         "--results", str(results), "--tmpdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=110, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = (results / "sqlite.md").read_text("utf-8")
+    pngs = sorted(p.name for p in results.glob("sqlite-*.png"))
+    assert {"sqlite-handover.png", "sqlite-uncontended.png", "sqlite-webhooks.png"} <= set(pngs)
+    assert all(f"]({name})" in text for name in pngs)
+    assert "sqlite" in proc.stderr and "ok" in proc.stderr
+    bad = subprocess.run([sys.executable, str(BENCHMARKS / "run_all.py"), "--only", "nope"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode != 0 and "no benchmark named nope" in bad.stderr
 
 
 # -- the harness's numbers --------------------------------------------------------------------
@@ -211,3 +276,33 @@ def test_the_webhooks_and_their_ideal_are_the_demos() -> None:
     assert [(w.id, w.order, w.seq) for w in parsed.arrivals] == [
         (w.id, w.order, w.seq) for w in demo.arrival_schedule()
     ]
+
+
+def test_plots_are_drawn_from_the_results_and_linked(tmp_path: Path) -> None:
+    from turnstile_bench import plots
+    from turnstile_bench.scenarios import ThroughputRow
+
+    def handover(label: str, procs: int, p50: float) -> h.HandoverResult:
+        return h.HandoverResult(label, procs, 2.0, 10, 9, 9, 1.0, p50, p50, p50, 1, 0, 1.0, 0,
+                                1.0)
+
+    results = {
+        "handover": [handover("a", 3, 1.0), handover("a", 9, 2.0), handover("b", 3, 5.0)],
+        "uncontended": [h.UncontendedResult("a", 10, 1.0, 10.0, 0.1, 0.2)],
+        "throughput": [ThroughputRow("redis", "q", 10, 2, 100.0, 50.0, 1.0, 2.0)],
+        "figures": [plots.Figure("extra", "t", "x", "y", [1, 2], {"s": [1.0, math.nan]},
+                                 kind="line")],
+    }
+    figures = plots.figures(results)
+    assert [f.slug for f in figures] == ["handover", "uncontended", "throughput", "latency",
+                                         "extra"]
+    # Hand-over by waiters (processes - 1), one line per lock, a gap where one is missing.
+    assert figures[0].x == [2, 8] and figures[0].kind == "line"
+    assert figures[0].series["a"] == [1.0, 2.0] and math.isnan(figures[0].series["b"][1])
+    drawn = plots.draw(results, tmp_path / "r.md")
+    names = sorted(p.name for _, p in drawn)
+    assert names == sorted(f"r-{f.slug}.png" for f in figures)
+    assert all((tmp_path / n).read_bytes()[:4] == b"\x89PNG" for n in names)
+    links = plots.markdown_links(drawn)
+    assert all(f"]({n})" in links for n in names) and "## Plots" in links
+    assert plots.markdown_links([]) == ""

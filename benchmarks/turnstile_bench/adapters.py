@@ -598,3 +598,150 @@ class TransactionCounter:
         # Each reading assigns one id itself; subtract the earlier readings' ids.
         self.calls += 1
         return {"transactions": float(xid - self.calls)}
+
+
+class DramatiqQueue(QueueAdapter):
+    """Dramatiq's ``RedisBroker`` under its own ``namespace`` (its keys start with it): put =
+    ``actor.send``; a consumer is the broker's own consumer iterator (what a Dramatiq worker's
+    consumer thread runs: a Lua fetch, and when the queue is empty it polls again after an
+    exponential back-off up to ``timeout``), ``done`` = ``ack``. ``prefetch=1``, so a consumer
+    holds one message at a time like every other queue here. No keys, no cap."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        import dramatiq
+        from dramatiq.brokers.redis import RedisBroker
+
+        self.broker = RedisBroker(url=url, namespace=namespace)
+        self.queue_name = "bench"
+        self.actor = dramatiq.actor(
+            _dramatiq_record, broker=self.broker, queue_name=self.queue_name, actor_name="record"
+        )
+        self.consumer: Any = None
+
+    def acquire(self, name: str) -> None:
+        self.broker.client.ping()
+
+    def put(self, payload: Any, key: str | None = None) -> None:
+        self.actor.send(payload)
+
+    def take(self, timeout: float) -> tuple[Any, Any] | None:
+        if self.consumer is None:
+            self.consumer = self.broker.consume(self.queue_name, prefetch=1, timeout=1000)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            message = next(self.consumer)
+            if message is not None:
+                return message.args[0], message
+        return None
+
+    def done(self, handle: Any) -> None:
+        self.consumer.ack(handle)
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+        self.broker.close()
+
+
+def _dramatiq_record(payload: Any) -> None:
+    """The Dramatiq actor's body (never run: the benchmark consumes the broker directly)."""
+
+
+class ProcrastinateQueue(QueueAdapter):
+    """procrastinate on PostgreSQL (its schema in a database of the run's own:
+    :func:`servers.procrastinate_database`). put = defer a job (``lock=key`` when the message
+    has a key: procrastinate's per-key serialisation, no two jobs with one lock run at once);
+    a consumer runs procrastinate's own ``Worker`` (``concurrency=1``, LISTEN/NOTIFY, jobs
+    deleted when done) on a thread of its own, and the job's task hands the payload to
+    :meth:`take` and returns once :meth:`done` is called, so a job counts as started when the
+    consumer has it and as finished when it is acknowledged, as for every queue here."""
+
+    def __init__(self, url: str) -> None:
+        import procrastinate
+
+        self.url = url
+        self.producer = procrastinate.App(
+            connector=procrastinate.SyncPsycopgConnector(conninfo=url)
+        )
+        self.producer.task(name="bench_record")(_procrastinate_noop)
+        self.producer.open()
+        self._thread: Any = None
+        self._worker: Any = None
+        self._loop: Any = None
+        self._jobs: Any = None
+
+    def acquire(self, name: str) -> None:
+        self.producer.check_connection()
+
+    def put(self, payload: Any, key: str | None = None) -> None:
+        task = self.producer.tasks["bench_record"]
+        task.configure(lock=key).defer(payload=payload)
+
+    def _start(self) -> None:
+        import asyncio
+        import queue
+        import threading
+
+        import procrastinate
+        from procrastinate.worker import Worker
+
+        self._jobs = queue.Queue()
+        ready = threading.Event()
+        jobs = self._jobs
+
+        def run() -> None:
+            async def main() -> None:
+                app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=self.url))
+
+                @app.task(name="bench_record")
+                async def record(payload: Any) -> None:
+                    finished = asyncio.Event()
+                    jobs.put((payload, (loop, finished)))
+                    await finished.wait()
+
+                loop = asyncio.get_running_loop()
+                async with app.open_async():
+                    self._worker = Worker(
+                        app,
+                        concurrency=1,
+                        wait=True,
+                        listen_notify=True,
+                        delete_jobs="always",
+                        install_signal_handlers=False,
+                    )
+                    self._loop = loop
+                    ready.set()
+                    await self._worker.run()
+
+            asyncio.run(main())
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(30)
+
+    def take(self, timeout: float) -> tuple[Any, Any] | None:
+        import queue
+
+        if self._thread is None:
+            self._start()
+        try:
+            payload, handle = self._jobs.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(payload, dict) and payload.get("stop"):
+            self._worker.stop()  # fetch nothing more: the job in hand is this consumer's last
+        return payload, handle
+
+    def done(self, handle: Any) -> None:
+        loop, finished = handle
+        loop.call_soon_threadsafe(finished.set)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._worker.stop()
+            self._thread.join(30)
+        self.producer.close()
+
+
+def _procrastinate_noop(payload: Any) -> None:
+    """The producer's view of the task (it only defers; the consumer's worker runs it)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import plots
 from .adapters import Contender
 from .report import command_line, machine_info, to_json, write
 from .scenarios import (
@@ -110,10 +111,14 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
         return SKIP_EXIT
     info["seconds"] = round(time.monotonic() - started, 1)
     bench.finish(info)
-    text = bench.markdown(results, args, info) + bench.footer(info)
     output = args.output
     if output is None and not args.quick and (bench.json_writes_results or not args.json):
         output = RESULTS / f"{bench.name}.md"
+    text = bench.markdown(results, args, info)
+    if output is not None:  # the plots go beside the results file, which links them
+        output.parent.mkdir(parents=True, exist_ok=True)
+        text += plots.markdown_links(plots.draw(results, output))
+    text += bench.footer(info)
     write(output, text)
     print(bench.as_json(results, info) if args.json else text)
     return 0 if bench.sane(results) else 1

@@ -197,6 +197,11 @@ def machine_lines(info: Mapping[str, Any], command: str) -> list[str]:
         f"- machine: {info['nproc']} CPUs (nproc), load average at start "
         f"{' / '.join(str(x) for x in info['loadavg'])}, {info['platform']}",
         f"- python {info['python']}" + (f"; {versions}" if versions else ""),
+        *(["- **shared machine**: other jobs were running (load average above half the "
+           "cores at the start), so absolute figures are low and tails are long; compare "
+           "rows of this run only: the ratios are what count"]
+          if info["loadavg"] and info["nproc"] and info["loadavg"][0] > info["nproc"] / 2
+          else []),
     ]
 
 

@@ -128,3 +128,27 @@ def postgres_schema(server: str) -> Iterator[tuple[str, str]]:
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@contextlib.contextmanager
+def procrastinate_database(server: str) -> Iterator[str]:
+    """A database of the run's own on ``server`` with procrastinate's schema applied (its
+    tables, functions and types live in ``public`` and cannot be put elsewhere); yields its
+    connection string; dropped afterwards (``WITH (FORCE)``: a worker that did not close is
+    cut off)."""
+    import procrastinate
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    name = f"bench_proc_{secrets.token_hex(4)}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        url = make_conninfo(server, dbname=name)
+        app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=url))
+        with app.open():
+            app.schema_manager.apply_schema()
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
