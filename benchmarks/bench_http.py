@@ -295,8 +295,8 @@ class HttpBench(Bench):
     name = "http"
     description = __doc__ or ""
     packages = ("turnstile", "starlette", "uvicorn", "httpx", "redis")
-    requires = (("starlette", "pip install 'turnstile[server]'"),
-                ("httpx", "pip install 'turnstile[http]'"))
+    requires = (("starlette", "pip install 'turnstile-locks[server]'"),
+                ("httpx", "pip install 'turnstile-locks[http]'"))
 
     def options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--store", default=None,

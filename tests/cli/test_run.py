@@ -493,7 +493,7 @@ def test_memory_url_warns_that_nothing_is_shared() -> None:
 def test_no_command_given() -> None:
     result = run()
     assert result.returncode == 2
-    assert "choose a command: run, status, demo" in result.stderr
+    assert "choose a command: run, status, limit, demo, queue, serve, migrate" in result.stderr
 
 
 def test_help_lists_every_command_and_the_exit_codes() -> None:

@@ -82,7 +82,10 @@ def test_help_and_status_say_where_the_default_store_is(tmp_path: Path) -> None:
         assert where in "".join(shown.stdout.split()), (args, shown.stdout)  # however wrapped
     listing = run("status", env=_state_env(state))
     assert listing.returncode == 0, listing.stderr
-    assert listing.stdout.strip() == f"no names have holders or waiters (store: {where})"
+    first, *rest = listing.stdout.strip().splitlines()
+    assert first == f"no names have holders or waiters (store: {where})"
+    assert len(rest) == 1 and rest[0].startswith("store: schema version"), listing.stdout
+    assert rest[0].endswith(", up to date"), listing.stdout
 
 
 def test_an_explicit_relative_path_is_relative_to_the_working_directory(tmp_path: Path) -> None:

@@ -307,7 +307,7 @@ def test_a_wake_up_that_cannot_be_sent_never_fails_a_committed_release(tmp_path:
 def test_repeat_filter_lets_a_few_identical_lines_through_then_counts() -> None:
     import logging
 
-    from turnstile.server.limits import RepeatFilter
+    from turnstile.server.bounds import RepeatFilter
 
     clock = [100.0]
     repeat = RepeatFilter(burst=3, window=10.0, clock=lambda: clock[0])

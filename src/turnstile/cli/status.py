@@ -84,7 +84,7 @@ def status_command(args: argparse.Namespace) -> int:
     footer = "" if schema is None else f"\nstore: {schema.summary()}"
     store = f"(store: {_support.printable(redact(_support.resolved_url(args)))})"
     if not statuses:
-        where = f" starting with {_support.printable(args.prefix)!r}" if args.prefix else ""
+        where = f" starting with {args.prefix!r}" if args.prefix else ""
         print(f"no names{where} have holders or waiters {store}{footer}")
         return _support.EXIT_OK
     blocks = ["\n".join(render(s)) for s in statuses]

@@ -268,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
         from ..aio import connect
         from .app import create_app
         from .auth import TokenTable, is_loopback
+        from .bounds import default_max_connections, install_repeat_filter, protocol_class
         from .config import ServerConfig
-        from .limits import default_max_connections, install_repeat_filter, protocol_class
     except ImportError as exc:
         return _fail(
             f"the HTTP service needs {exc.name or 'its dependencies'}; "

@@ -19,9 +19,9 @@ from ..aio import AsyncClient, AsyncLease
 from ..aio import connect as aio_connect
 from ..errors import NotSupported
 from .auth import Principal, bearer, is_loopback_host_header
+from .bounds import BodyBudget
 from .config import ServerConfig
 from .errors import ApiError
-from .limits import BodyBudget
 from .metrics import Metrics
 from .observe import EventLog, Tracker
 from .table import Args

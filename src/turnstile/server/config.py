@@ -36,7 +36,7 @@ class ServerConfig:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     keep_alive: float = DEFAULT_KEEP_ALIVE
-    max_connections: int | None = None  # None: half of `ulimit -n` (server/limits.py)
+    max_connections: int | None = None  # None: half of `ulimit -n` (server/bounds.py)
     max_body_memory: int = DEFAULT_MAX_BODY_MEMORY
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     # Per-name holders/waiters gauges in /metrics: the first N held or awaited names in

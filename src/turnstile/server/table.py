@@ -28,8 +28,8 @@ from ..errors import InvalidArgument
 from .errors import ApiError
 
 if TYPE_CHECKING:
+    from .bounds import BodyBudget
     from .common import Ctx
-    from .limits import BodyBudget
 
 Schema = dict[str, Any]
 Handler = Callable[["Ctx"], Awaitable[Any]]
