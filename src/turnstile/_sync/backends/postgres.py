@@ -18,6 +18,7 @@ backoff until it is back, and it reconnects by itself. See ``docs/postgres.md``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 from collections.abc import Callable
@@ -66,6 +67,15 @@ class PostgresBackend:
         self.config = connection.config
         self.connection = connection
         self._q = {name: connection.query(name) for name in pg.QUERIES}
+        if self.config.relaxed:
+            self.characteristics = dataclasses.replace(
+                CHARACTERISTICS,
+                durable=False,
+                description=(
+                    "PostgreSQL with durability=relaxed: leases as rows whose last grants "
+                    "before a server crash may be forgotten, woken by LISTEN/NOTIFY"
+                ),
+            )
 
     @property
     def listener(self) -> Listener | None:

@@ -29,6 +29,14 @@ SELECT lim, now, holders, waiters FROM __SCHEMA__.status(%(name)s::text, %(now)s
 SELECT name FROM __SCHEMA__.names_in_use(%(prefix)s::text, %(max_count)s::integer,
                                          %(now)s::timestamptz) AS name
 
+-- name: relaxed
+-- durability=relaxed: a lock operation (__QUERY__, one of the four above) whose transaction
+-- commits without waiting for its WAL to reach disk. set_config(..., true) is local to this
+-- one autocommit transaction and synchronous_commit is read when it commits; the subquery
+-- in FROM is always evaluated (a volatile function), each side yields one row.
+SELECT op.* FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed,
+                 (__QUERY__) AS op
+
 -- name: ping
 SELECT 1
 

@@ -51,7 +51,20 @@ MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 MIN_SERVER_VERSION = 120000  # sha256(), starts_with(), identity columns
 
 # Query parameters of a postgresql:// URL that are Turnstile's own; the rest go to libpq.
-TURNSTILE_PARAMS = ("schema", "pool_min", "pool_max", "listen", "listen_url", "retry_timeout")
+TURNSTILE_PARAMS = (
+    "schema",
+    "pool_min",
+    "pool_max",
+    "listen",
+    "listen_url",
+    "retry_timeout",
+    "durability",
+)
+DURABILITIES = ("durable", "relaxed")
+# The lock and semaphore operations that commit a change: with durability=relaxed they do
+# not wait for their WAL to reach disk (the "relaxed" query of queries.sql). Queue
+# operations are never relaxed: a message put is a message kept.
+RELAXABLE = frozenset({"acquire", "release", "renew", "set_limit"})
 
 _SIMPLE_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 
@@ -208,13 +221,23 @@ class PostgresConfig:
     connect_timeout: float
     display: str  # the URL with its password replaced, safe to print
     secrets: tuple[str, ...] = field(repr=False)  # strings never to print (passwords)
+    # "durable" (every commit waits for its WAL on disk) or "relaxed" (lock and semaphore
+    # commits do not: see docs/postgres.md, "Durability")
+    durability: str = "durable"
 
     @property
     def channel(self) -> str:
         return channel_for(self.schema)
 
+    @property
+    def relaxed(self) -> bool:
+        return self.durability == "relaxed"
+
     def query(self, name: str) -> str:
-        return render(QUERIES[name], self.schema)
+        text = QUERIES[name]
+        if self.relaxed and name in RELAXABLE:
+            text = QUERIES["relaxed"].replace("__QUERY__", text)
+        return render(text, self.schema)
 
     def scrub(self, text: str) -> str:
         return urls.scrub(text, self.secrets)
@@ -257,7 +280,8 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
     server restarts; 0 = fail at once), ``listen=off`` (no LISTEN connection: waiters poll
     with a backoff) and ``listen_url`` (a separate URL for the LISTEN connection, e.g. a
     direct or session-mode one when the main URL is a transaction pooler). Everything else
-    is passed to libpq unchanged."""
+    is passed to libpq unchanged. ``durability=relaxed`` lets lock and semaphore operations
+    commit without waiting for the disk (see docs/postgres.md, "Durability")."""
     display = redact(url)
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
@@ -308,6 +332,12 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
     connect_timeout = float(dict(rest).get("connect_timeout", DEFAULT_CONNECT_TIMEOUT) or 0)
     if connect_timeout <= 0:
         connect_timeout = DEFAULT_CONNECT_TIMEOUT  # libpq: 0 = wait forever; we bound ours
+    durability = ours.get("durability", "durable").lower()
+    if durability not in DURABILITIES:
+        raise ConfigurationError(
+            f"URL parameter durability={ours['durability']!r} must be 'durable' (the default) "
+            "or 'relaxed'"
+        )
     listen = ours.get("listen", "on").lower()
     if listen not in ("on", "off"):
         raise ConfigurationError(f"URL parameter listen={listen!r} must be 'on' or 'off'")
@@ -346,6 +376,7 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
         connect_timeout=connect_timeout,
         display=display,
         secrets=secrets,
+        durability=durability,
     )
 
 

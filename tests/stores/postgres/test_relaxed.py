@@ -1,0 +1,156 @@
+"""``durability=relaxed``: lock and semaphore commits do not wait for the disk, so a server
+crash may forget the last grants. What must still hold (docs/postgres.md, "Durability"):
+
+* a fencing token is never issued twice, not even after grants were forgotten (tokens are
+  taken from the server clock, which has moved on by the time the server is back);
+* every holder whose grant was forgotten learns it at its next renewal (its lease is lost),
+  and every holder whose grant survived keeps it;
+* queue operations stay durable;
+* with the default, ``durability=durable``, a crash forgets nothing (``test_restart.py``).
+
+To make "the last grants" a known set, the test stops (SIGSTOP) the server's WAL writer
+before granting them: an asynchronous commit then stays in the server's memory until the
+crash (``pg_ctl stop -m immediate``, which ends the stopped writer with SIGKILL). Grants
+made before it, followed by a durable commit, reach the disk."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+import turnstile
+from turnstile.errors import LeaseLost
+from turnstile.stores.postgres import sql as pg
+
+from ._cluster import Cluster
+from ._util import schema_url, unique
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+TTL = 60.0  # outlives the crash and restart: a lease is judged by the store, not by time
+
+
+def _wal_writer_pid(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+        ).fetchone()
+    assert row is not None, "no WAL writer process"
+    return int(row[0])
+
+
+def _load(client: turnstile.Client, seconds: float, tokens: list[int]) -> None:
+    """Three threads taking turns on one name as fast as they can, recording every token."""
+    lock = client.lock("relaxed:load", ttl=TTL)
+    stop = time.monotonic() + seconds
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            while time.monotonic() < stop:
+                with lock.acquire(timeout=30) as lease:
+                    tokens.append(lease.token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(set(tokens)) == len(tokens), "a token was issued twice"
+
+
+def test_a_crash_forgets_only_unflushed_grants_and_their_holders_learn_it() -> None:
+    cluster = Cluster({"checkpoint_timeout": "1h"})
+    walwriter_stopped = False
+    try:
+        url = schema_url(cluster.url, unique(), retry_timeout="60", durability="relaxed")
+        client = turnstile.connect(url)
+        assert client.characteristics.durable is False
+        assert "durability=relaxed" in client.characteristics.description
+        try:
+            tokens_before: list[int] = []
+            _load(client, 1.0, tokens_before)
+            # Grants that reach the disk: the durable queue put flushes the WAL before it.
+            kept = [client.lock(f"relaxed:kept:{i}", ttl=TTL).acquire() for i in range(3)]
+            client.queue("relaxed:q").put({"n": 1})
+
+            os.kill(_wal_writer_pid(cluster.url), signal.SIGSTOP)
+            walwriter_stopped = True
+            # Grants that stay in the server's memory until the crash, made under load.
+            fresh = [client.lock(f"relaxed:fresh:{i}", ttl=TTL).acquire() for i in range(3)]
+            _load(client, 0.5, tokens_before)
+
+            cluster.stop("immediate")  # SIGQUIT, then SIGKILL for the stopped writer
+            walwriter_stopped = False
+            cluster.start()
+
+            # At its next renewal each holder learns whether the store still has its grant.
+            survived: dict[str, bool] = {}
+            for lease in kept + fresh:
+                holders = client.lock(lease.name).status().holders
+                survived[lease.name] = [(h.holder, h.token) for h in holders] == [
+                    (lease.holder, lease.token)
+                ]
+                if survived[lease.name]:
+                    lease.renew()
+                    assert not lease.lost
+                    lease.release()
+                else:
+                    assert holders == ()
+                    with pytest.raises(LeaseLost):
+                        lease.renew()
+                    assert lease.lost
+            assert all(survived[lease.name] for lease in kept), survived
+            forgotten = [lease.name for lease in fresh if not survived[lease.name]]
+            assert forgotten, f"no grant was forgotten, so this test shows nothing: {survived}"
+
+            # Queues stay durable: the message put before the crash is there.
+            message = client.queue("relaxed:q").get(timeout=5)
+            assert message is not None and message.payload == {"n": 1}
+            message.ack()
+
+            # No token repeats: every token issued after the crash is above every one before,
+            # forgotten ones included.
+            tokens_after: list[int] = []
+            _load(client, 0.5, tokens_after)
+            newcomer = client.lock(forgotten[0], ttl=TTL).acquire()
+            tokens_after.append(newcomer.token)
+            newcomer.release()
+            before = tokens_before + [lease.token for lease in kept + fresh]
+            assert len(set(before)) == len(before), "a token repeated before the crash"
+            assert min(tokens_after) > max(before), "a token was issued twice"
+            assert len(set(tokens_after)) == len(tokens_after)
+        finally:
+            client.close()
+    finally:
+        if walwriter_stopped:
+            with contextlib.suppress(Exception):
+                os.kill(_wal_writer_pid(cluster.url), signal.SIGCONT)
+        cluster.close()
+
+
+def test_durability_is_validated_and_only_lock_operations_are_relaxed() -> None:
+    with pytest.raises(turnstile.ConfigurationError, match="durability='fast' must be"):
+        turnstile.connect("postgresql://u@127.0.0.1:1/db?durability=fast")
+
+    def config(url: str) -> pg.PostgresConfig:
+        return pg.parse_url(url, urlsplit(url))
+
+    relaxed = config("postgresql://u@h/db?durability=relaxed")
+    assert "durability" not in relaxed.conninfo  # Turnstile's own, never sent to libpq
+    for name in pg.RELAXABLE:
+        assert "synchronous_commit" in relaxed.query(name)
+    assert all("synchronous_commit" not in relaxed.query(n) for n in pg.QUERIES if "queue" in n)
+    durable = config("postgresql://u@h/db")
+    assert durable.durability == "durable"
+    assert all("synchronous_commit" not in durable.query(n) for n in pg.QUERIES if n != "relaxed")
