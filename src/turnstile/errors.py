@@ -38,7 +38,13 @@ class LimitConflict(InvalidArgument):
     """An acquire named another limit than the one of a name in use (with holders or
     waiters): a name has one limit. The message names the name, its limit, and how to change
     it (``Semaphore.set_limit``, ``POST /v1/semaphores/limit``, ``turnstile limit``).
-    Nothing was granted and the caller is not in line."""
+    Nothing was granted and the caller is not in line. ``current`` and ``asked`` are the
+    name's limit and the one the call named (``None`` where the store did not say)."""
+
+    def __init__(self, message: str, current: int | None = None, asked: int | None = None):
+        super().__init__(message)
+        self.current = current
+        self.asked = asked
 
 
 class BackendUnavailable(TurnstileError):

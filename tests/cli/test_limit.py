@@ -23,8 +23,16 @@ def test_limit_changes_a_busy_names_limit_and_run_is_refused_until_then(url: str
 
         refused = run("run", "--url", url, "--semaphore", "gpu", "--limit", "2", "--", "true")
         assert refused.returncode == 2, refused.stderr
-        assert "'gpu' has limit 1" in refused.stderr
-        assert "turnstile limit NAME 2" in refused.stderr
+        assert refused.stderr.startswith("turnstile: error: 'gpu' has limit 1"), refused.stderr
+        # in the command's own words: its flags, and the command that changes the limit
+        assert "--limit 2 asks for another" in refused.stderr
+        assert "use --semaphore 'gpu' --limit 1, or change it with: turnstile limit 'gpu' 2" in (
+            refused.stderr
+        )
+        assert "set_limit" not in refused.stderr and refused.stderr.count("\n") == 1
+        # --lock asks for limit 1, the name's: not refused, it waits its turn (and times out)
+        as_lock = run("run", "--url", url, "--lock", "gpu", "--timeout", "0.2", "--", "true")
+        assert as_lock.returncode == 75, as_lock.stderr
 
         changed = run("limit", "--url", url, "gpu", "2")
         assert changed.returncode == 0, changed.stderr

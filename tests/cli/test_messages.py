@@ -70,6 +70,10 @@ def _stderr_of(*args: str) -> str:
         (["queue", "nack", "q", "id", ""], "argument RECEIPT: must be 1 to 256 bytes"),
         (["queue", "requeue", "q", ""], "argument ID: must be 1 to 256 bytes"),
         (
+            ["queue", "work", "q", "--backoff", "2e6", "--max-backoff", "1e6", "--", "true"],
+            "--backoff (2000000 seconds) must not be more than --max-backoff (1000000 seconds)",
+        ),
+        (
             ["run", "--lock", "x", "--kill-after", "-1", "--", "true"],
             "argument --kill-after: must be between 0 and 2592000 seconds (30 days), got -1.0 ",
         ),
@@ -130,6 +134,7 @@ def test_json_is_one_line_in_a_pipe_and_indented_on_a_terminal(tmp_path: object)
         ["queue", "stats", "jobs", "--json"],
         ["queue", "dead", "jobs", "--json"],
         ["migrate", "--json"],
+        ["limit", "jobs-limit", "2", "--json"],
     ):
         out = run(*args, "--url", url)
         assert out.stdout.count("\n") == 1 and out.stdout.endswith("\n"), (args, out.stdout)
@@ -196,6 +201,15 @@ def test_control_characters_are_escaped_once(tmp_path: object) -> None:
     listed = run("status", "--prefix", name, "--url", url)
     assert "'a\\x01b'" in listed.stdout and "\\\\x01" not in listed.stdout
     assert "\x01" not in listed.stdout + got.stderr
+    # queue work names the queue and each message's key the same way.
+    assert run("queue", "put", name, "{}", "--key", "k\x01y", "--url", url).returncode == 0
+    worked = run(
+        "queue", "work", name, "--max-messages", "1", "-v", "--url", url, "--", "true"
+    )
+    assert worked.returncode == 0, worked.stderr
+    assert "'a\\x01b'" in worked.stderr and "'k\\x01y'" in worked.stderr, worked.stderr
+    assert "\\\\x01" not in worked.stderr and "\x01" not in worked.stderr
+    assert "stopped (--max-messages)" in worked.stderr
 
 
 def test_demo_live_board_draws_its_last_frame_once() -> None:

@@ -126,7 +126,8 @@ def test_timeout_has_its_own_exit_code_and_leaves_the_line(url: str) -> None:
         waited = time.monotonic() - started
         assert result.returncode == 75, result.stderr
         assert waited >= 0.4
-        assert "timed out after 0.4 s waiting for lock 'busy' (held by the-holder)" in result.stderr
+        expected = "timed out after 0.4 seconds waiting for lock 'busy' (held by the-holder)"
+        assert expected in result.stderr
         assert result.stderr.count("\n") == 1  # one line
         custom = run(
             "run",

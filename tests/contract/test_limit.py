@@ -38,6 +38,8 @@ def _assert_refusal(exc: pytest.ExceptionInfo[InvalidArgument], name: str, curre
     message = str(exc.value)
     assert repr(name) in message
     assert f"has limit {current}" in message
+    assert exc.value.current == current  # what the caller needs to decide, as data too
+    assert exc.value.asked is not None and exc.value.asked != current
     # the three ways to change it
     for way in ("set_limit(", "POST /v1/semaphores/limit", "turnstile limit NAME"):
         assert way in message, message

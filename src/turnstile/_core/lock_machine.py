@@ -40,7 +40,9 @@ def limit_conflict(name: str, current: int, asked: int) -> LimitConflict:
         f"{name!r} has limit {current} while it has holders or waiters; this call asked for "
         f"limit {asked}. A name has one limit: ask with limit {current}, or change it with "
         f"Semaphore.set_limit({asked}) (HTTP: POST /v1/semaphores/limit; CLI: turnstile "
-        f"limit NAME {asked})"
+        f"limit NAME {asked})",
+        current,
+        asked,
     )
 
 

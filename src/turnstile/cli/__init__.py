@@ -27,6 +27,7 @@ from ..errors import (
     ConfigurationError,
     InvalidArgument,
     LeaseLost,
+    LimitConflict,
     TurnstileError,
 )
 from . import _support
@@ -97,6 +98,19 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
     return []
 
 
+def _limit_conflict_text(args: argparse.Namespace, exc: LimitConflict) -> str:
+    """A refused limit in the command's own words (its flags and `turnstile limit`)."""
+    name = getattr(args, "lock", None) or getattr(args, "semaphore", None)
+    if exc.current is None or exc.asked is None or not name:
+        return str(exc)
+    flag = "--lock (limit 1)" if getattr(args, "lock", None) else f"--limit {exc.asked}"
+    return (
+        f"{name!r} has limit {exc.current} while it has holders or waiters, and {flag} asks "
+        f"for another. A name has one limit: use --semaphore {name!r} --limit {exc.current}, "
+        f"or change it with: turnstile limit {name!r} {exc.asked}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
     _support.quiet_library_logs()
@@ -110,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _support.set_secrets(secrets)
     try:
         return handler(args)
+    except LimitConflict as exc:
+        _support.error(_limit_conflict_text(args, exc), secrets)
+        return EXIT_USAGE
     except InvalidArgument as exc:
         _support.error(str(exc), secrets)
         return EXIT_USAGE

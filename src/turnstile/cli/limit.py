@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from . import _support
 
@@ -43,9 +41,7 @@ def limit_command(args: argparse.Namespace) -> int:
     with _support.connect(args) as client:
         previous = client.semaphore(args.name, args.limit).set_limit(args.limit)
     if args.json:
-        data = {"name": args.name, "limit": args.limit, "previous": previous}
-        json.dump(data, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        _support.print_json({"name": args.name, "limit": args.limit, "previous": previous})
         return _support.EXIT_OK
     name = _support.printable(args.name)
     if previous is None:

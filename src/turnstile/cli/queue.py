@@ -327,7 +327,7 @@ def get_command(args: argparse.Namespace) -> int:
         m = q.get(timeout=args.timeout)
         if m is None:
             _support.note(
-                f"no message in {args.queue!r} within {args.timeout:g} s"
+                f"no message in {args.queue!r} within {validate.seconds_text(args.timeout)}"
             )
             return _support.EXIT_TIMEOUT
         record = _message_dict(m)

@@ -282,7 +282,7 @@ class _Runner:
 
 
 def _key(message: Message) -> str:
-    return "-" if message.key is None else repr(_support.printable(message.key))
+    return "-" if message.key is None else repr(message.key)  # repr escapes control characters
 
 
 def _stopped_by(signum: int) -> tuple[int, ...]:
@@ -333,7 +333,7 @@ class _Drain:
         running = self.runner.running()
         _support.note(
             f"{signal.Signals(signum).name}: taking no new message; waiting up to "
-            f"{self.grace:g} s for {running} running command(s)"
+            f"{validate.seconds_text(self.grace)} for {running} running command(s)"
         )
         self.thread = threading.Thread(target=self._grace, name="turnstile-drain", daemon=True)
         self.thread.start()
@@ -355,7 +355,9 @@ class _Drain:
         if self.done.wait(self.kill_after):
             return
         if self.runner.running():
-            _support.note(f"still running after {self.kill_after:g} s: sending SIGKILL")
+            _support.note(
+                f"still running after {validate.seconds_text(self.kill_after)}: sending SIGKILL"
+            )
         self.runner.terminate_all(signal.SIGKILL)
 
 
@@ -366,8 +368,8 @@ def work_command(args: argparse.Namespace) -> int:
         parser.error("give the command to run after --, e.g. turnstile queue work QUEUE -- CMD")
     if args.backoff > args.max_backoff:
         parser.error(
-            f"--backoff ({args.backoff:g}) must not be more than --max-backoff "
-            f"({args.max_backoff:g})"
+            f"--backoff ({validate.seconds_text(args.backoff)}) must not be more than "
+            f"--max-backoff ({validate.seconds_text(args.max_backoff)})"
         )
     if shutil.which(command[0]) is None:
         _support.error(f"command not found: {_support.printable(command[0])}")
@@ -390,7 +392,7 @@ def work_command(args: argparse.Namespace) -> int:
         try:
             if args.verbose:
                 _support.note(
-                    f"working on queue {_support.printable(args.queue)!r} with "
+                    f"working on queue {args.queue!r} with "
                     f"{args.concurrency} command(s) at a time"
                 )
             result = queue.work(
@@ -404,7 +406,9 @@ def work_command(args: argparse.Namespace) -> int:
             )
         finally:
             drain.restore()
-    why = result.stopped_by
+    # The reason in the command's own words: its flags, not the Python parameters.
+    flags = {"max_messages": "--max-messages", "idle_timeout": "--idle-timeout"}
+    why = flags.get(result.stopped_by or "", result.stopped_by)
     if drain.signal is not None:
         why = signal.Signals(drain.signal).name
     _support.note(

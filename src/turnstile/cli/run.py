@@ -21,7 +21,7 @@ import time
 from types import FrameType
 
 from .. import AcquireTimeout, BackendUnavailable, Lease, LeaseLost, Semaphore
-from .._core import timing
+from .._core import timing, validate
 from . import _support
 from ._support import (
     EXIT_CANNOT_EXECUTE,
@@ -231,7 +231,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _timeout_message(sem: Semaphore, shown: str, timeout: float | None) -> str:
-    message = f"timed out after {timeout:g} s waiting for {shown}"
+    message = f"timed out after {validate.seconds_text(timeout or 0.0)} waiting for {shown}"
     try:
         status = sem.status()
     except Exception:  # the message is best effort; the exit code says it all
@@ -371,7 +371,7 @@ class _Supervisor:
             except BackendUnavailable as exc:
                 _support.note(
                     f"warning: could not release {self.shown} ({exc}); "
-                    f"it expires by itself within {self.lease.ttl:g} s"
+                    f"it expires by itself within {validate.seconds_text(self.lease.ttl)}"
                 )
         finally:
             self.alarm.wake_thread = None

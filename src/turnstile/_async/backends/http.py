@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import random
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -98,6 +99,10 @@ MAX_WAIT_STEP = 24 * 3600.0
 # A long poll answered "not woken" this long before its time was up was ended by the service.
 EARLY = 0.25
 
+# The limits in a limit_conflict message (turnstile._core.lock_machine.limit_conflict).
+LIMITS_IN_CONFLICT = re.compile(
+    r"has limit (\d+) while it has holders or waiters; this call asked for limit (\d+)"
+)
 _INVALID = {"invalid_argument", "bad_json", "payload_too_large", "unsupported_media_type"}
 _DENIED = {"forbidden", "read_only", "admin_required"}
 
@@ -114,7 +119,10 @@ def _error(shown: str, response: httpx.Response) -> Exception:
             "without a Turnstile error body (a proxy in between?)"
         )
     if code == "limit_conflict":
-        return LimitConflict(message)
+        found = LIMITS_IN_CONFLICT.search(message)
+        if found is None:
+            return LimitConflict(message)
+        return LimitConflict(message, int(found.group(1)), int(found.group(2)))
     if code in _INVALID:
         return InvalidArgument(message)
     if code == "unauthorized":
