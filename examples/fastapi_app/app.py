@@ -10,7 +10,8 @@ Run it:
     curl -X POST localhost:8000/webhooks/orders/42 -H 'content-type: application/json' \\
          -d '{"event": "paid"}'
 
-Without $TURNSTILE_URL it uses ``sqlite:///turnstile.db`` (every process on this host).
+Without $TURNSTILE_URL it uses the default SQLite store,
+``$XDG_STATE_HOME/turnstile/turnstile.db`` (every process of this user on this host).
 """
 
 from __future__ import annotations

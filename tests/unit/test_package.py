@@ -51,7 +51,8 @@ def test_distribution_metadata() -> None:
 def test_install_lines_name_the_distribution() -> None:
     # Every documented `pip install` of Turnstile itself uses the distribution name.
     files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    files += [ROOT / "benchmarks" / "README.md"]
+    files += [ROOT / "benchmarks" / "README.md", ROOT / "examples" / "README.md"]
+    files += sorted((ROOT / "examples").rglob("*.py")) + sorted((ROOT / "examples").rglob("*.txt"))
     files += sorted((ROOT / "src" / "turnstile").rglob("*.py"))
     files += sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "benchmarks").rglob("*.py"))
     wrong = []

@@ -10,5 +10,5 @@ DATABASES: dict[str, dict[str, str]] = {}
 USE_TZ = True
 
 # The Turnstile store shared by every host that runs the command (None: $TURNSTILE_URL, else
-# sqlite:///turnstile.db in the current directory).
+# the per-user SQLite file $XDG_STATE_HOME/turnstile/turnstile.db on this host).
 TURNSTILE_URL = os.environ.get("TURNSTILE_URL")
