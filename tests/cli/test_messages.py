@@ -197,6 +197,7 @@ def test_control_characters_are_escaped_once(tmp_path: object) -> None:
     name = "a\x01b"
     got = run("queue", "get", name, "--url", url)
     assert got.returncode == 75
+    assert got.stderr.startswith("turnstile: error: timed out: no message in"), got.stderr
     assert "'a\\x01b'" in got.stderr and "\\\\x01" not in got.stderr
     listed = run("status", "--prefix", name, "--url", url)
     assert "'a\\x01b'" in listed.stdout and "\\\\x01" not in listed.stdout

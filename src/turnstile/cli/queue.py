@@ -326,8 +326,9 @@ def get_command(args: argparse.Namespace) -> int:
         )
         m = q.get(timeout=args.timeout)
         if m is None:
-            _support.note(
-                f"no message in {args.queue!r} within {validate.seconds_text(args.timeout)}"
+            _support.error(
+                f"timed out: no message in {args.queue!r} within "
+                f"{validate.seconds_text(args.timeout)}"
             )
             return _support.EXIT_TIMEOUT
         record = _message_dict(m)
