@@ -20,16 +20,20 @@ from .lock_harness import check_bounded, check_exclusive
 
 
 def test_with_lock_acquires_renews_and_releases(client: turnstile.Client) -> None:
-    lock = client.lock("cm:lock", ttl=0.3)
+    lock = client.lock("cm:lock", ttl=3.0)  # renewed every second; a late renewal is fine
     assert lock.timeout is None  # by default `with lock:` waits without a limit
     with lock as lease:
         assert isinstance(lease, turnstile.Lease)
         holders = lock.status().holders
         assert [(h.holder, h.token) for h in holders] == [(lease.holder, lease.token)]
-        for _ in range(8):  # well past the ttl: the block keeps it renewed
-            time.sleep(0.1)
-            with pytest.raises(turnstile.AcquireTimeout):
-                lock.acquire_nowait()
+        first_expiry = holders[0].expires_at
+        # The block keeps it renewed: wait until the store shows a renewal (not a guess).
+        deadline = time.monotonic() + 60
+        while lock.status().holders[0].expires_at <= first_expiry:
+            assert time.monotonic() < deadline, "the block never renewed its lease"
+            time.sleep(0.05)
+        with pytest.raises(turnstile.AcquireTimeout):
+            lock.acquire_nowait()
         assert not lease.lost
     assert lock.status().holders == ()
     with lock as second:  # the same object, entered again after leaving: a new lease
@@ -136,13 +140,16 @@ def test_entering_the_same_object_twice_in_one_thread_is_refused(
 
 
 async def test_async_with_lock_acquires_renews_and_releases(aclient: AsyncClient) -> None:
-    lock = aclient.lock("cm:aio", ttl=0.3)
+    lock = aclient.lock("cm:aio", ttl=3.0)
     async with lock as lease:
         assert isinstance(lease, turnstile.aio.Lease)
-        for _ in range(8):
-            await asyncio.sleep(0.1)
-            with pytest.raises(turnstile.AcquireTimeout):
-                await lock.acquire_nowait()
+        first_expiry = (await lock.status()).holders[0].expires_at
+        deadline = time.monotonic() + 60
+        while (await lock.status()).holders[0].expires_at <= first_expiry:
+            assert time.monotonic() < deadline, "the block never renewed its lease"
+            await asyncio.sleep(0.05)
+        with pytest.raises(turnstile.AcquireTimeout):
+            await lock.acquire_nowait()
         assert not lease.lost
         assert [h.token for h in (await lock.status()).holders] == [lease.token]
     assert (await lock.status()).holders == ()
