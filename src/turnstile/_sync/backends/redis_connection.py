@@ -20,7 +20,13 @@ from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import AuthenticationError, NoScriptError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -44,7 +50,11 @@ RIDE_OUT = 5.0
 
 
 def _server_away(exc: BaseException) -> bool:
-    """A refused, reset or still-loading connection (not bad credentials, not a timeout)."""
+    """A refused, reset or still-loading connection (not bad credentials, not a timeout), or
+    a Cluster that is re-forming after its nodes restarted (CLUSTERDOWN, TRYAGAIN, no node
+    reachable yet): the command did not run and will, once the servers answer again."""
+    if isinstance(exc, (ClusterDownError, TryAgainError, RedisClusterException)):
+        return True
     return isinstance(exc, (RedisConnectionError, OSError)) and not isinstance(
         exc, (AuthenticationError, RedisTimeoutError, TimeoutError)
     )
