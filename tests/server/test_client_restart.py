@@ -255,6 +255,63 @@ def test_a_lost_reply_is_retried_safely(tmp_path: Path) -> None:
         server.stop()
 
 
+def test_a_lost_wait_reply_still_hands_over_promptly_and_fenced(tmp_path: Path) -> None:
+    """The HTTP client's wait step (the long poll between try-acquire steps) loses its reply
+    just as the hand-over wakes it: the waiter still gets the lease promptly, with about its
+    whole ttl ahead, exactly once, and every hold is checked against a fenced resource
+    (tokens increase, holds never overlap, a stale token is refused)."""
+    from tests.faults.test_dropped_replies import Fence, _hold
+
+    server = start_server(f"sqlite:///{tmp_path}/wait.db", tmp_path,
+                          tokens=[{"name": "admin", "admin": True}])
+    host, port = server.base.removeprefix("http://").split(":")
+    proxy = ReplyDropper((host, int(port)))
+    secret = server.tokens["admin"]
+    through = turnstile.connect(f"http://:{secret}@127.0.0.1:{proxy.port}")
+    direct = turnstile.connect(f"http://:{secret}@{host}:{port}")
+    ttl = 30.0
+    try:
+        fence = Fence()
+        holder = direct.lock("job", ttl=ttl).acquire(timeout=10, holder="holder")
+        fence.write(holder.token)
+        proxy.drop("/v1/semaphores/wait")
+        got: dict[str, Any] = {}
+
+        def waiter() -> None:
+            try:
+                with through.lock("job", ttl=ttl).acquire(timeout=60, holder="waiter") as lease:
+                    got["at"] = time.monotonic()
+                    got["remaining"] = lease.remaining
+                    _hold(fence, lease)
+            except BaseException as exc:
+                got["error"] = exc
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while proxy.dropped != [b"/v1/semaphores/wait"]:  # the long poll is under way
+            assert time.monotonic() < deadline, "the waiter never sent its wait step"
+            time.sleep(0.01)
+        fence.done(holder.token)
+        released = time.monotonic()
+        assert holder.release()
+        thread.join(60)
+        assert not thread.is_alive()
+        assert "error" not in got, repr(got.get("error"))
+        assert got["at"] - released < 2.0, got["at"] - released
+        assert got["remaining"] >= ttl - (got["at"] - released) - 1.0, got
+        with pytest.raises(AssertionError, match="stale token"):
+            fence.write(holder.token)  # the fence refuses the older holder's token
+        fence.check()
+        status = direct.lock("job").status()
+        assert status.holders == () and status.waiters == ()
+    finally:
+        through.close()
+        direct.close()
+        proxy.close()
+        server.stop()
+
+
 def test_overloaded_answers_are_retried_after_retry_after(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
