@@ -26,8 +26,10 @@ def test_cli_queue_round_trip(tmp_path: Path) -> None:
     import time
 
     vt = 8.0  # the next command (a fresh process, slow to start on a loaded machine) runs within
-    taken = time.monotonic()
     got = tq(tmp_path, "get", "jobs", "--visibility-timeout", str(vt), "--max-attempts", "1")
+    # The store started the visibility timeout before `get` returned: it has surely passed
+    # vt after this point (measured before the command, it may not have, on a slow start).
+    taken = time.monotonic()
     m = json.loads(got.stdout)
     assert (m["id"], m["payload"], m["attempt"]) == (first.stdout.strip(), {"order": 42}, 1)
     assert tq(tmp_path, "get", "jobs").returncode == 75  # o42 is in flight

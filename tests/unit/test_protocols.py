@@ -240,7 +240,8 @@ def test_refinements_after_the_declaration_only_learn_facts() -> None:
                 fields = {k.arg for k in value.keywords}
                 assert fields <= FACTS, f"{path}:{node.lineno}: {fields - FACTS}"
                 seen += 1
-    assert seen == 4  # redis and http: at construction and once connected
+    # redis and http: at construction and once connected; postgres with durability=relaxed
+    assert seen == 5
 
 
 def test_capabilities_as_declared() -> None:
