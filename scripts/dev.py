@@ -36,7 +36,7 @@ import servers  # scripts/servers.py: this file's folder is first on sys.path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
-TEST_EXTRAS = "redis,postgres,server,http"
+TEST_EXTRAS = "redis,postgres,server,http,aws"
 # [dependency-groups] of pyproject.toml (PEP 735): what developing needs, not user extras.
 TEST_GROUPS = "dev,bench"
 # Most of the suite's time is spent waiting (on leases, timeouts, processes starting), not

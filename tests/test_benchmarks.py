@@ -126,7 +126,56 @@ def _check_scale(results: dict, text: str) -> None:
     assert "## Reading the results" in text
 
 
-CHECKS = {"bench_queue": _check_queue, "bench_http": _check_http, "bench_scale": _check_scale}
+def _check_workflows(results: dict, text: str) -> None:
+    rows = {r["label"]: r for r in results["rows"]}
+    assert any(label.startswith("callback") for label in rows)
+    assert any(label.startswith("ListExecutions") for label in rows)
+    for row in rows.values():
+        assert row["succeeded"] == row["executions"] > 0
+        assert row["makespan_s"] > 0 and row["ideal_s"] > 0
+        assert row["aws_calls_per_execution"] > 0
+    callback = next(r for label, r in rows.items() if label.startswith("callback"))
+    assert callback["max_working"] <= results["limit"]
+    # A callback waiter asks once and is resumed once: its semaphore part does not grow
+    # with how long it waited (the polling rows do).
+    assert callback["semaphore_transitions_max"] == 2
+    assert "local emulator" in text and "## Against the targets" in text
+
+
+def _check_admission(results: dict, text: str) -> None:
+    rows = results["rows"]
+    bound = results["spec"]["rate"] + results["spec"]["burst"]
+    ran = [r for r in rows if r["available"]]
+    assert {(r["label"], r["callers"]) for r in ran} >= {
+        ("turnstile sqlite", 8), ("turnstile sqlite", 64),
+        ("limits moving window, memory (1 process)", 8),
+    }
+    for r in rows:
+        if not r["available"]:
+            assert r["note"]  # a row that could not run here says why
+            continue
+        assert r["admissions"] > 0 and 0 < r["counted"] <= r["admissions"]
+        assert r["window_bound"] == bound and r["max_in_window"] >= 1
+        assert r["excess"] == max(0, r["max_in_window"] - bound)
+        assert r["steps_per_admission"] >= 1
+        assert r["fifo_violations"] >= 0
+        assert f"| {r['label']} | {r['callers']} |" in text
+        if r["label"].startswith("turnstile"):
+            # The guarantee, from the store's own admission times (correctness, not speed).
+            assert r["excess"] == 0, r
+            assert r["certain_fifo_violations"] is not None
+        if r["store"] == "redis":
+            assert r["redis_commands_per_admission"] > 0
+    assert "## Against the targets" in text and "## DBOS" in text
+
+
+CHECKS = {
+    "bench_admission": _check_admission,
+    "bench_queue": _check_queue,
+    "bench_http": _check_http,
+    "bench_scale": _check_scale,
+    "bench_workflows": _check_workflows,
+}
 
 
 @pytest.mark.slow

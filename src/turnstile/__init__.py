@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._core.callbacks import HttpCallback, StepFunctionsCallback
+from ._core.callbacks import verify as verify_signature
 from ._core.records import (
     Characteristics,
     DeadLetter,
     HolderInfo,
     KeyDepth,
     QueueStats,
+    RateStatus,
     Status,
     WaiterInfo,
     WorkResult,
@@ -26,6 +29,7 @@ from ._core.validate import MAX_NAME_BYTES, MAX_PAYLOAD_BYTES
 from ._sync.client import Client
 from ._sync.client import connect as _connect
 from ._sync.queue import Message, Queue
+from ._sync.rate_limit import RateLimit, RateTicket
 from ._sync.semaphore import Lease, Lock, Semaphore, Ticket
 from .errors import (
     AccessDenied,
@@ -52,6 +56,7 @@ __all__ = [
     "ConfigurationError",
     "DeadLetter",
     "HolderInfo",
+    "HttpCallback",
     "InvalidArgument",
     "KeyDepth",
     "Lease",
@@ -62,14 +67,19 @@ __all__ = [
     "NotSupported",
     "Queue",
     "QueueStats",
+    "RateLimit",
+    "RateStatus",
+    "RateTicket",
     "Semaphore",
     "Status",
+    "StepFunctionsCallback",
     "Ticket",
     "TurnstileError",
     "WaiterInfo",
     "WorkResult",
     "__version__",
     "connect",
+    "verify_signature",
 ]
 
 

@@ -13,13 +13,17 @@ from typing import Any
 from ._async.client import AsyncClient
 from ._async.client import connect as _connect
 from ._async.queue import AsyncMessage, AsyncQueue
+from ._async.rate_limit import AsyncRateLimit, AsyncRateTicket
 from ._async.semaphore import AsyncLease, AsyncLock, AsyncSemaphore, AsyncTicket
+from ._core.callbacks import HttpCallback, StepFunctionsCallback
+from ._core.callbacks import verify as verify_signature
 from ._core.records import (
     Characteristics,
     DeadLetter,
     HolderInfo,
     KeyDepth,
     QueueStats,
+    RateStatus,
     Status,
     WaiterInfo,
     WorkResult,
@@ -36,12 +40,15 @@ from .errors import (
     NotSupported,
     TurnstileError,
 )
+from .workflows.deliverer import Deliverer
 
 Client = AsyncClient
 Lease = AsyncLease
 Lock = AsyncLock
 Message = AsyncMessage
 Queue = AsyncQueue
+RateLimit = AsyncRateLimit
+RateTicket = AsyncRateTicket
 Semaphore = AsyncSemaphore
 Ticket = AsyncTicket
 
@@ -54,6 +61,8 @@ __all__ = [
     "AsyncLock",
     "AsyncMessage",
     "AsyncQueue",
+    "AsyncRateLimit",
+    "AsyncRateTicket",
     "AsyncSemaphore",
     "AsyncTicket",
     "BackendUnavailable",
@@ -61,7 +70,9 @@ __all__ = [
     "Client",
     "ConfigurationError",
     "DeadLetter",
+    "Deliverer",
     "HolderInfo",
+    "HttpCallback",
     "InvalidArgument",
     "KeyDepth",
     "Lease",
@@ -72,13 +83,18 @@ __all__ = [
     "NotSupported",
     "Queue",
     "QueueStats",
+    "RateLimit",
+    "RateStatus",
+    "RateTicket",
     "Semaphore",
     "Status",
+    "StepFunctionsCallback",
     "Ticket",
     "TurnstileError",
     "WaiterInfo",
     "WorkResult",
     "connect",
+    "verify_signature",
 ]
 
 

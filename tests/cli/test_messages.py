@@ -36,7 +36,9 @@ def test_help_lists_every_command_and_queue_action() -> None:
         actions
     )
     assert "turnstile queue " + "|".join(actions) + " …" in out.stdout
-    for command in ("run", "status", "demo", "queue", "serve", "migrate"):
+    for command in ("run", "status", "ask", "release", "deliver", "demo", "queue", "serve"):
+        assert f"turnstile {command}" in out.stdout
+    for command in ("dispatch sfn", "bridge sqs", "migrate"):
         assert f"turnstile {command}" in out.stdout
     bare = run("queue", "--url", "memory://")
     assert bare.returncode == 2

@@ -412,7 +412,7 @@ BAD_ARGUMENTS = [
     (["--lock", "x", "--holder", "h" * 1025], ["--holder", "1 to 1024 bytes"]),
     (["--lock", "x", "--timeout-exit-code", "256"], ["--timeout-exit-code", "0 and 255"]),
     (["--lock", "x", "--lock", "y", "--semaphore", "z"], ["--semaphore", "not allowed with"]),
-    ([], ["one of the arguments --lock --semaphore is required"]),
+    ([], ["one of the arguments --lock --semaphore --rate-limit is required"]),
 ]
 
 
@@ -494,7 +494,10 @@ def test_memory_url_warns_that_nothing_is_shared() -> None:
 def test_no_command_given() -> None:
     result = run()
     assert result.returncode == 2
-    assert "choose a command: run, status, limit, demo, queue, serve, migrate" in result.stderr
+    commands = (
+        "run, status, limit, ask, release, deliver, demo, queue, dispatch, serve, bridge, migrate"
+    )
+    assert f"choose a command: {commands}" in result.stderr
 
 
 def test_help_lists_every_command_and_the_exit_codes() -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from turnstile.stores.sqlite.lock_store import SCHEMA_VERSION
+
 from ._invoke import py, run, spawn, wait_until, waiters
 
 pytestmark = pytest.mark.timeout(120)
@@ -111,12 +113,13 @@ def test_status_of_nothing(url: str) -> None:
     empty = run("status", "--url", url)
     assert empty.returncode == 0
     assert empty.stdout.strip() == (
-        f"no names have holders or waiters (store: {url})\nstore: schema version 2, up to date"
+        f"no names have holders or waiters (store: {url})\nstore: schema version "
+        f"{SCHEMA_VERSION}, up to date"
     )
     data = json.loads(run("status", "--url", url, "--json").stdout)
     assert data["names"] == []
     assert data["schema"]["store"] == "sqlite" and data["schema"]["up_to_date"] is True
-    assert data["schema"]["applied"] == data["schema"]["latest"] == 2
+    assert data["schema"]["applied"] == data["schema"]["latest"] == SCHEMA_VERSION
     free = run("status", "--url", url, "some name")
     assert free.stdout.strip() == "some name: free (no holders, no waiters)"
     data = json.loads(run("status", "--url", url, "some name", "--json").stdout)

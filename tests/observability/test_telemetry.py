@@ -266,6 +266,44 @@ def test_no_opentelemetry_means_no_op() -> None:
     assert result.stdout.strip() == "ok"
 
 
+def test_api_without_providers_tracks_nothing_until_one_is_set() -> None:
+    """The API installed but no provider set and configure() not called: an acquire is not
+    tracked (its reports would go to the API's no-op implementation); once the application
+    sets a global provider, tracer or meter, acquires report to it."""
+    code = (
+        "import turnstile\n"
+        "from opentelemetry import metrics, trace\n"
+        "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+        "InMemorySpanExporter\n"
+        "from turnstile._core import telemetry as t\n"
+        "assert t.ENABLED\n"
+        "assert t.acquire('x', 1) is t._NO_TRACKER\n"
+        "reader = InMemoryMetricReader()\n"
+        "metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))\n"
+        "assert t.acquire('x', 1) is not t._NO_TRACKER\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "trace.set_tracer_provider(provider)\n"
+        "with turnstile.connect('memory://') as c:\n"
+        "    with c.lock('x').acquire(timeout=1): pass\n"
+        "assert [s.name for s in exporter.get_finished_spans()] == ['turnstile.acquire']\n"
+        "names = [m.name for rm in reader.get_metrics_data().resource_metrics\n"
+        "         for sm in rm.scope_metrics for m in sm.metrics]\n"
+        "assert 'turnstile.acquire.wait' in names, names\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 async def test_async_work_handler_runs_inside_a_process_span(backend: BackendUnderTest) -> None:
     name = unique("awork")
     tracer = TRACER_PROVIDER.get_tracer("test")

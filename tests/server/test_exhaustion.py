@@ -253,7 +253,13 @@ def test_out_of_descriptors_overload_is_503_and_a_committed_release_is_200(
                 assert answer.status_code in (200, 409, 503), answer.text
                 if answer.status_code == 503:
                     assert answer.headers.get("retry-after") == "1"
-                    assert answer.json()["error"]["code"] == "overloaded", answer.text
+                    # Refused at the door, or the store's connection could not be opened
+                    # (a worker thread that had none yet, with no descriptor left): both a
+                    # clear 503 to retry, never a 500.
+                    assert answer.json()["error"]["code"] in (
+                        "overloaded",
+                        "backend_unavailable",
+                    ), answer.text
             else:  # refused at accept (the kernel's queue is full): a transport error
                 assert isinstance(answer, httpx.TransportError), repr(answer)
         assert statuses.get(503, 0) > 0, statuses  # the storm did overload it

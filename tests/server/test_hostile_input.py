@@ -20,7 +20,7 @@ HUGE = "1" + "0" * 400  # an integer of 401 digits: beyond any float
 # A valid value for each field an endpoint may require (names inside tenant-a's "a:").
 VALID: dict[str, Any] = {
     "name": "a:hostile", "holder": "h", "limit": 1, "token": 1, "ttl": 5, "timeout": 0,
-    "queue": "a:hostile-q", "id": "m1", "receipt": "r1", "seconds": 5,
+    "queue": "a:hostile-q", "id": "m1", "receipt": "r1", "seconds": 5, "rate": 5,
 }
 
 
@@ -62,7 +62,7 @@ def test_integers_of_400_digits_are_refused_on_every_endpoint(
     # Every field the security pass named is among them.
     assert {"ttl", "wait", "timeout", "delay", "dedup_window", "visibility_timeout",
             "seconds", "wait_ttl", "limit", "token", "max_attempts", "top_keys",
-            "max_count", "since"} <= named, named
+            "max_count", "since", "rate", "per", "burst"} <= named, named
     answers = []
     for method, path, field, required in fields:
         if method == "post":

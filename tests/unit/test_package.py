@@ -43,7 +43,14 @@ def test_distribution_metadata() -> None:
         assert f"Programming Language :: Python :: {version}" in meta["classifiers"]
     assert {"Source", "Issues", "Changelog"} <= set(meta["urls"])
     # Tools for developing Turnstile are dependency groups, not extras a user could pick.
-    assert set(meta["optional-dependencies"]) == {"redis", "postgres", "server", "http", "otel"}
+    assert set(meta["optional-dependencies"]) == {
+        "redis",
+        "postgres",
+        "server",
+        "http",
+        "otel",
+        "aws",
+    }
     assert {"dev", "bench"} <= set(project["dependency-groups"])
     assert (ROOT / "src" / "turnstile" / "py.typed").exists()
 

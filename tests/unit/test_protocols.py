@@ -42,7 +42,13 @@ QUEUE_MODULE |= {"postgres": "postgres_queue", "http": "http"}
 # What a backend may learn about its store after the declaration (from its URL, the server
 # it reaches, or the service's /v1/info); the capability fields are never among them.
 FACTS = {"scheme", "durable", "woken_by_store", "description"}
-CAPABILITIES = {"cheap_waiters", "keeps_early_wakeups", "queues", "long_poll_gets"}
+CAPABILITIES = {
+    "cheap_waiters",
+    "keeps_early_wakeups",
+    "queues",
+    "long_poll_gets",
+    "local_deliveries",
+}
 
 
 def _package(flavour: str) -> str:
@@ -250,10 +256,10 @@ def test_capabilities_as_declared() -> None:
         chars = _module("async", store).__dict__["CHARACTERISTICS"]
         table[store] = {f for f in CAPABILITIES if getattr(chars, f)}
     assert table == {
-        "memory": {"queues"},
-        "sqlite": {"queues"},
-        "redis": {"queues", "keeps_early_wakeups"},
-        "postgres": {"queues", "cheap_waiters"},
+        "memory": {"queues", "local_deliveries"},
+        "sqlite": {"queues", "local_deliveries"},
+        "redis": {"queues", "keeps_early_wakeups", "local_deliveries"},
+        "postgres": {"queues", "cheap_waiters", "local_deliveries"},
         "http": {"queues", "long_poll_gets"},
     }
     assert CAPABILITIES | FACTS | {"cross_process", "cross_host"} == {

@@ -16,6 +16,7 @@ from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.protocol import AsyncBackend, AsyncQueueBackend
 from .queue import AsyncQueue
+from .rate_limit import AsyncRateLimit
 from .renewer import close_renewers
 from .semaphore import AsyncLease, AsyncLock, AsyncSemaphore
 
@@ -65,6 +66,20 @@ class AsyncClient:
         ``async with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
         seconds (``None``: without a limit), like :meth:`lock`."""
         return AsyncSemaphore(self.backend, name, limit, ttl, on_lost=on_lost, timeout=timeout)
+
+    def rate_limit(
+        self,
+        name: str,
+        rate: int,
+        per: float = 1.0,
+        burst: int = 1,
+        *,
+        timeout: float | None = None,
+    ) -> AsyncRateLimit:
+        """A rate limit whose callers wait in line: at most ``burst`` at once from idle, at
+        most ``rate + burst`` in any window of ``per`` seconds (store clock), admitted in
+        arrival order, each woken at its slot (docs/admission.md)."""
+        return AsyncRateLimit(self.backend, name, rate, per, burst, timeout=timeout)
 
     def queue(
         self,

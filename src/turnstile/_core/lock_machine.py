@@ -15,6 +15,18 @@ Invariants, after every step, at store time ``now``:
   stall the line for at most that long; its next ``acquire`` claims the grant for its full
   ``ttl``.
 
+**Callback waiters** (:func:`acquire` with ``callback``) wait with no connection: a Step
+Functions task token or an HTTP URL stands in for the process. Their grant is made in the
+same step as any other (a release, an expiry, a raised limit, their own ask), but it is
+*claimed* at once for the full ``ttl`` and carries a **pending delivery**: the callback text
+on the holder row, which a deliverer takes (:func:`take_deliveries`, with a claim lease of its
+own so a deliverer that dies mid-delivery lets another take it) and settles
+(:func:`settle_delivery`: delivered, refused, which releases the grant and grants the next in
+line, or retry later). A pending delivery lives exactly as long as its grant: an undelivered
+grant expires like any other lease. Nobody polls for a callback waiter, so expiries on a name
+with callback waiters are acted on by the deliverer's :func:`take_deliveries` sweep
+(:func:`due`).
+
 A name has **one limit** while it has holders or waiters: the limit of the acquire that
 found it idle (an idle name keeps no state), changed only by :func:`set_limit`. An acquire
 by a newcomer (neither holding nor waiting) that names another limit is refused
@@ -30,7 +42,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import LimitConflict
-from .records import AcquireResult, Grant, HolderInfo, Status, WaiterInfo
+from .callbacks import callback_kind, delivery_state
+from .records import AcquireResult, CallbackDelivery, Grant, HolderInfo, Status, WaiterInfo
+
+# How a deliverer settles a delivery (settle_delivery).
+DELIVERED = "delivered"
+REFUSED = "refused"
+RETRY = "retry"
+OUTCOMES = (DELIVERED, REFUSED, RETRY)
 
 
 def limit_conflict(name: str, current: int, asked: int) -> LimitConflict:
@@ -63,6 +82,13 @@ class HolderRow:
     acquired_at: float
     expires_at: float
     claimed: bool
+    # A callback grant: the callback it is (or was) delivered to; ``pending`` until a
+    # deliverer settles it; ``claimed_until`` is the deliverer's own claim on the delivery
+    # (0: nobody's); ``attempts`` counts the deliverers' takes.
+    callback: str | None = field(default=None, repr=False)  # holds a task token
+    pending: bool = False
+    claimed_until: float = 0.0
+    attempts: int = 0
 
 
 @dataclass(slots=True)
@@ -72,6 +98,7 @@ class WaiterRow:
     wait_ttl: float
     joined_at: float
     expires_at: float
+    callback: str | None = field(default=None, repr=False)  # holds a task token
 
 
 @dataclass(slots=True)
@@ -83,6 +110,14 @@ class NameState:
     @property
     def empty(self) -> bool:
         return not self.holders and not self.waiters
+
+    @property
+    def has_callbacks(self) -> bool:
+        """Whether a deliverer has anything to do here now or later: a callback waiter (its
+        grant may come from an expiry nobody else acts on) or a pending delivery."""
+        return any(w.callback is not None for w in self.waiters) or any(
+            h.pending for h in self.holders.values()
+        )
 
 
 def purge(state: NameState, now: float) -> bool:
@@ -106,6 +141,13 @@ def promote(
     woken: list[str] = []
     while state.waiters and len(state.holders) < state.limit:
         w = state.waiters.pop(0)
+        if w.callback is not None:
+            # Nobody to wake and nobody to claim it: the grant is claimed for its full ttl
+            # and its delivery is pending, written in this very step.
+            state.holders[w.holder] = HolderRow(
+                w.holder, next_token(), now, now + w.ttl, True, w.callback, True
+            )
+            continue
         claimed = w.holder == claimant
         lease = w.ttl if claimed else min(w.ttl, w.wait_ttl)
         state.holders[w.holder] = HolderRow(w.holder, next_token(), now, now + lease, claimed)
@@ -135,9 +177,16 @@ def acquire(
     enqueue: bool,
     now: float,
     next_token: Callable[[], int],
+    callback: str | None = None,
 ) -> tuple[AcquireResult, list[str]]:
     """One step of acquiring: hold, join or keep one's place in line, or (``enqueue=False``)
     take a free slot only if nobody waits. Idempotent per ``holder``.
+
+    With ``callback`` (always with ``enqueue``) the caller waits as a callback waiter: its
+    grant, now or later, carries a pending delivery to ``callback``. Asking again with the
+    same callback changes nothing but the waiting entry's expiry (a redelivered ask is
+    harmless); a holder asking with another callback (a new task token) gets its current
+    grant delivered there.
 
     Raises :func:`limit_conflict` (changing nothing but the purge) when a newcomer names
     another limit than the busy name's; an idle name takes the caller's limit."""
@@ -157,13 +206,19 @@ def acquire(
             # Our own grant, handed over while we waited: claim it for the full ttl.
             mine.claimed = True
             mine.expires_at = now + ttl
+        if callback is not None and callback != mine.callback:
+            mine.callback, mine.pending, mine.claimed_until, mine.attempts = (
+                callback, True, 0.0, 0
+            )
         return AcquireResult(grant_of(name, mine), None, now, None), woken
     index = next((i for i, w in enumerate(state.waiters) if w.holder == holder), None)
     if index is not None:
         w = state.waiters[index]
         w.ttl, w.wait_ttl, w.expires_at = ttl, wait_ttl, now + wait_ttl
+        if callback is not None:
+            w.callback = callback
     elif enqueue or (not state.waiters and len(state.holders) < state.limit):
-        state.waiters.append(WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl))
+        state.waiters.append(WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl, callback))
     woken += promote(state, now, next_token, holder)
     mine = state.holders.get(holder)
     if mine is not None:
@@ -218,6 +273,86 @@ def renew(
     return Grant(name, row.holder, row.token, row.acquired_at, row.expires_at)
 
 
+def due(state: NameState, now: float) -> bool:
+    """Whether a step is owed to a name with callbacks: a lease or waiting entry has expired
+    (which may grant a callback waiter), or a delivery is pending and nobody has claimed it
+    (or a claim lapsed)."""
+    if any(h.expires_at <= now for h in state.holders.values()):
+        return True
+    if any(w.expires_at <= now for w in state.waiters):
+        return True
+    if state.waiters and len(state.holders) < state.limit:
+        # A free slot before a live waiter: left by a step that purged and then refused
+        # (a limit conflict raises before promoting); the deliverer's step grants it.
+        return True
+    return any(h.pending and h.claimed_until <= now for h in state.holders.values())
+
+
+def take_deliveries(
+    state: NameState,
+    *,
+    name: str,
+    now: float,
+    lease: float,
+    max_count: int,
+    next_token: Callable[[], int],
+) -> tuple[list[CallbackDelivery], list[str]]:
+    """A deliverer's step on one name: drop what expired (an undelivered grant with it),
+    grant what that freed, and claim up to ``max_count`` pending deliveries nobody holds a
+    claim on, for ``lease`` seconds, oldest grant first. Returns (claimed, woken)."""
+    purge(state, now)
+    woken = promote(state, now, next_token, None)
+    taken: list[CallbackDelivery] = []
+    rows = sorted(
+        (h for h in state.holders.values() if h.pending and h.claimed_until <= now),
+        key=lambda h: h.token,
+    )
+    for row in rows[:max_count]:
+        row.claimed_until = now + lease
+        row.attempts += 1
+        taken.append(
+            CallbackDelivery(
+                name,
+                row.holder,
+                row.token,
+                row.acquired_at,
+                row.expires_at,
+                state.limit,
+                row.callback or "",
+                row.attempts,
+            )
+        )
+    return taken, woken
+
+
+def settle_delivery(
+    state: NameState,
+    *,
+    token: int,
+    outcome: str,
+    retry_in: float,
+    now: float,
+    next_token: Callable[[], int],
+) -> tuple[bool, list[str]]:
+    """Settle the pending delivery of grant ``token``: ``delivered`` (done), ``refused`` (the
+    callback can never be delivered: release the grant, grant the next in line) or ``retry``
+    (free the claim in ``retry_in`` seconds, for another try). False, changing nothing, when
+    the grant is gone or its delivery was already settled."""
+    purge(state, now)
+    row = next((h for h in state.holders.values() if h.token == token), None)
+    if row is None or not row.pending:
+        return False, promote(state, now, next_token, None)
+    if outcome == DELIVERED:
+        row.pending, row.claimed_until = False, 0.0
+    elif outcome == REFUSED:
+        del state.holders[row.holder]
+    elif outcome == RETRY:
+        row.claimed_until = now + retry_in
+    else:
+        raise ValueError(f"unknown delivery outcome {outcome!r}")
+    return True, promote(state, now, next_token, None)
+
+
 def status(state: NameState, *, name: str, now: float) -> Status:
     holders = sorted(
         (h for h in state.holders.values() if h.expires_at > now), key=lambda h: h.token
@@ -226,9 +361,20 @@ def status(state: NameState, *, name: str, now: float) -> Status:
     return Status(
         name=name,
         limit=state.limit if not state.empty else None,
-        holders=tuple(HolderInfo(h.holder, h.token, h.acquired_at, h.expires_at) for h in holders),
+        holders=tuple(
+            HolderInfo(
+                h.holder,
+                h.token,
+                h.acquired_at,
+                h.expires_at,
+                callback_kind(h.callback),
+                delivery_state(h.callback, h.pending),
+            )
+            for h in holders
+        ),
         waiters=tuple(
-            WaiterInfo(w.holder, i, w.joined_at, w.expires_at) for i, w in enumerate(waiters)
+            WaiterInfo(w.holder, i, w.joined_at, w.expires_at, callback_kind(w.callback))
+            for i, w in enumerate(waiters)
         ),
         now=now,
     )

@@ -47,6 +47,10 @@ class HolderInfo:
     token: int
     acquired_at: float
     expires_at: float
+    # A callback grant: its callback's kind ("sfn" or "http"; never the task token or URL)
+    # and its delivery ("pending" or "delivered").
+    callback: str | None = None
+    delivery: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,30 @@ class WaiterInfo:
     position: int
     joined_at: float
     expires_at: float
+    callback: str | None = None  # a callback waiter: its callback's kind
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackDelivery:
+    """A grant whose callback a deliverer has claimed to deliver (``lock_machine``'s
+    ``take_deliveries``). ``callback`` is the stored callback text (a secret: it holds the
+    task token); ``attempts`` counts the takes, this one included. Identified by
+    ``(name, token)``."""
+
+    name: str
+    holder: str
+    token: int
+    acquired_at: float
+    expires_at: float
+    limit: int
+    callback: str
+    attempts: int
+
+    def __repr__(self) -> str:  # never the task token
+        return (
+            f"CallbackDelivery(name={self.name!r}, holder={self.holder!r}, token={self.token},"
+            f" attempts={self.attempts})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +112,7 @@ class Status:
                     "expires_at": h.expires_at,
                     "age": round(self.now - h.acquired_at, 6),
                     "expires_in": round(h.expires_at - self.now, 6),
+                    **({"callback": h.callback, "delivery": h.delivery} if h.callback else {}),
                 }
                 for h in self.holders
             ],
@@ -94,6 +123,65 @@ class Status:
                     "joined_at": w.joined_at,
                     "expires_at": w.expires_at,
                     "waiting": round(self.now - w.joined_at, 6),
+                    **({"callback": w.callback} if w.callback else {}),
+                }
+                for w in self.waiters
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RateResult:
+    """What one rate-limit step answered (``rate_machine.acquire``): ``admitted``, or the
+    caller's ``position`` in line (``None``: it did not join) and ``retry_after``, the seconds
+    until its slot on the store's clock (when to ask again). ``tat`` is the name's
+    theoretical arrival time after the step."""
+
+    admitted: bool
+    position: int | None
+    now: float
+    retry_after: float
+    tat: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RateWaiterInfo:
+    holder: str
+    position: int
+    joined_at: float
+    slot: float  # when it is due, on the store's clock
+
+
+@dataclass(frozen=True, slots=True)
+class RateStatus:
+    """A snapshot of one rate limit: its rate (``None`` while idle), the line with each
+    waiter's slot, and the times of recent admissions (the last ``per`` seconds)."""
+
+    name: str
+    rate: int | None
+    per: float | None
+    burst: int | None
+    waiters: tuple[RateWaiterInfo, ...] = ()
+    admitted: tuple[float, ...] = ()
+    next_slot: float = 0.0
+    now: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "rate": self.rate,
+            "per": self.per,
+            "burst": self.burst,
+            "now": self.now,
+            "next_slot": self.next_slot,
+            "admitted": list(self.admitted),
+            "waiters": [
+                {
+                    "holder": w.holder,
+                    "position": w.position,
+                    "joined_at": w.joined_at,
+                    "slot": w.slot,
+                    "due_in": round(max(0.0, w.slot - self.now), 6),
                 }
                 for w in self.waiters
             ],
@@ -126,6 +214,10 @@ class Characteristics:
     # A blocking queue get is one long poll that the store side answers
     # (``queue_backend.long_poll``, the HTTP service), not a local waiter.
     long_poll_gets: bool = False
+    # Callback grants are delivered from this side: ``take_deliveries`` and
+    # ``settle_delivery`` work here (every store). False where the far side delivers them
+    # itself (the HTTP service runs its own deliverer); those two then raise NotSupported.
+    local_deliveries: bool = False
 
 
 # -- queues -------------------------------------------------------------------------------

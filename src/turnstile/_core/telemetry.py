@@ -9,7 +9,9 @@ its no-op implementation.
 
 Without ``opentelemetry-api`` installed the import below fails once, :data:`ENABLED` is
 False and every function returns at its first line (the acquire tracker is one shared
-object whose methods do nothing): no allocation, no clock read.
+object whose methods do nothing): no allocation, no clock read. With the API installed but
+no provider set (and :func:`configure` not called), an acquire is not tracked either: its
+span and data points would go to the API's no-op implementation anyway.
 
 Every span and data point carries the lock's or queue's name as ``turnstile.name``. Names
 are data chosen by the application: if it uses unbounded names (one per order, say) the
@@ -21,6 +23,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+# What the API answers while the application has set no tracer or meter provider (proxies,
+# forwarding to one set later): an acquire made while both are such proxies, and configure()
+# was not called, has nobody listening and is not tracked at all (see acquire()). None: track
+# every acquire (an API that does not have them where we look).
+_PROXIES: Any = None
+
 try:
     from opentelemetry import metrics as _metrics
     from opentelemetry import trace as _trace
@@ -28,6 +36,12 @@ except ImportError:  # the optional extra is not installed: every call below is 
     ENABLED = False
 else:
     ENABLED = True
+    try:
+        from opentelemetry.metrics._internal import _ProxyMeterProvider
+
+        _PROXIES = (_trace.ProxyTracerProvider, _ProxyMeterProvider)
+    except ImportError:
+        pass
 
 SCOPE = "turnstile"
 
@@ -101,19 +115,23 @@ class _Instruments:
 
 
 _instruments: _Instruments | None = None
+# Whether configure() was given providers (then every acquire reports to them).
+_given = False
 
 
 def configure(tracer_provider: Any = None, meter_provider: Any = None) -> None:
     """Report to these providers instead of the global ones (both ``None``: the global ones
     again). For applications that keep their providers out of the global API, and for tests,
     which must not leave an SDK installed for the rest of the process."""
-    global _instruments
+    global _instruments, _given
     if not ENABLED:
         return
     if tracer_provider is None and meter_provider is None:
         _instruments = None
+        _given = False
     else:
         _instruments = _Instruments(tracer_provider, meter_provider)
+        _given = True
 
 
 def _get() -> _Instruments:
@@ -209,9 +227,22 @@ class _NoTracker:
 _NO_TRACKER = _NoTracker()
 
 
+def _listened() -> bool:
+    """Whether anything receives what an acquire reports: providers given to
+    :func:`configure`, or a global tracer or meter provider the application set (in code or
+    by the API's environment variables). With neither, the spans and data points would go
+    to the API's no-op implementation: an acquire then skips them, and costs what it costs
+    without OpenTelemetry installed."""
+    if _given or _PROXIES is None:
+        return True
+    return not isinstance(_trace.get_tracer_provider(), _PROXIES[0]) or not isinstance(
+        _metrics.get_meter_provider(), _PROXIES[1]
+    )
+
+
 def acquire(name: str, limit: int) -> AcquireTracker | _NoTracker:
     """Start tracking one blocking acquire of ``name``."""
-    if not ENABLED:
+    if not ENABLED or not _listened():
         return _NO_TRACKER
     return AcquireTracker(name, limit)
 

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+from .._core import forks
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -59,8 +61,9 @@ def context_key() -> object:
 
 
 def current_owner() -> object:
-    """Who is inside a ``with sem:`` block: this thread of this process."""
-    return (os.getpid(), threading.get_ident())
+    """Who is inside a ``with sem:`` block: this thread of this process (a forked child's
+    generation differs from its parent's, so it never matches a block of the parent)."""
+    return (forks.generation(), threading.get_ident())
 
 
 def context_gone(key: object) -> bool:

@@ -17,6 +17,7 @@ from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.protocol import Backend, QueueBackend
 from .queue import Queue
+from .rate_limit import RateLimit
 from .renewer import close_renewers
 from .semaphore import Lease, Lock, Semaphore
 
@@ -66,6 +67,20 @@ class Client:
         ``with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
         seconds (``None``: without a limit), like :meth:`lock`."""
         return Semaphore(self.backend, name, limit, ttl, on_lost=on_lost, timeout=timeout)
+
+    def rate_limit(
+        self,
+        name: str,
+        rate: int,
+        per: float = 1.0,
+        burst: int = 1,
+        *,
+        timeout: float | None = None,
+    ) -> RateLimit:
+        """A rate limit whose callers wait in line: at most ``burst`` at once from idle, at
+        most ``rate + burst`` in any window of ``per`` seconds (store clock), admitted in
+        arrival order, each woken at its slot (docs/admission.md)."""
+        return RateLimit(self.backend, name, rate, per, burst, timeout=timeout)
 
     def queue(
         self,

@@ -19,7 +19,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._core import timing
+from .._core import forks, timing
 from . import _compat
 
 if TYPE_CHECKING:
@@ -45,12 +45,12 @@ class Renewer:
         # When the renewer will look at the heap again by itself (None: it is busy and will
         # look before sleeping). An add() due earlier wakes it; any other add() needs not.
         self._sleep_until: float | None = None
-        self._pid = os.getpid()
+        self._generation = forks.generation()  # changes in a forked child (no syscall)
 
     def add(self, lease: Lease, delay: float) -> None:
         """Renew ``lease`` in ``delay`` seconds (sooner if its real remaining time asks for
         it, see :func:`_due_in`), then every ``ttl * RENEW_FRACTION``."""
-        if self._pid != os.getpid():
+        if self._generation != forks.generation():
             self._reset()
         with self._lock:
             if self._closed:
@@ -120,7 +120,7 @@ class Renewer:
         idle_until: float | None = None
         while True:
             with self._lock:
-                if self._closed or self._pid != os.getpid():
+                if self._closed or self._generation != forks.generation():
                     return
                 self._wake.clear()
                 self._sleep_until = None

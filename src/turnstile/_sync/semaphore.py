@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from .._core import telemetry, timing, validate
+from .._core import callbacks, telemetry, timing, validate
 from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseLost
 from . import _compat
@@ -394,7 +394,12 @@ class Semaphore:
         return self._lease(result, sent)
 
     def try_acquire(
-        self, holder: str, wait_ttl: float | None = None, *, enqueue: bool = True
+        self,
+        holder: str,
+        wait_ttl: float | None = None,
+        *,
+        enqueue: bool = True,
+        callback: callbacks.Callback | None = None,
     ) -> Ticket:
         """Ask once, never block: hold, or join the line (first call) and learn the position.
 
@@ -402,11 +407,38 @@ class Semaphore:
         same lease. The place lapses if not asked about again within ``wait_ttl`` (default:
         the semaphore's ``ttl``). With ``enqueue=False`` a free slot is taken only if nobody
         waits, and the line is not joined (``position`` is then None). Release with
-        :meth:`release` from any process; block between steps with :meth:`wait`."""
+        :meth:`release` from any process; block between steps with :meth:`wait`.
+
+        With ``callback`` (:class:`~turnstile.StepFunctionsCallback` or
+        :class:`~turnstile.HttpCallback`) nobody needs to ask again: the grant, now or
+        whenever the caller's turn comes, is delivered there by a deliverer
+        (:class:`~turnstile.Deliverer`, ``turnstile serve``, ``turnstile bridge sqs``), at
+        least once, with the lease as ``{"name", "holder", "token", "expires_at", "limit"}``.
+        The place then lasts ``wait_ttl`` (default one day) without asking again; asking again
+        with the same callback is harmless, with another one delivers the grant there too."""
         holder = validate.holder(holder)
-        wait = self.ttl if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
         if not isinstance(enqueue, bool):
             raise InvalidArgument("enqueue must be true or false")
+        if callback is not None:
+            checked = callbacks.check(callback)
+            if not enqueue:
+                raise InvalidArgument("a callback waits in line: enqueue=False is not allowed")
+            wait = (
+                callbacks.DEFAULT_WAIT if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
+            )
+            sent = time.monotonic()
+            result = self._backend.acquire_callback(
+                self.name,
+                holder,
+                limit=self.limit,
+                ttl=self.ttl,
+                wait_ttl=wait,
+                callback=callbacks.encode(checked),
+            )
+            if result.grant is not None:
+                return Ticket(True, None, self._lease(result, sent), result.now, None)
+            return Ticket(False, result.position, None, result.now, result.retry_after)
+        wait = self.ttl if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
         result, sent = self._step(holder, wait, enqueue)
         if result.grant is not None:
             return Ticket(True, None, self._lease(result, sent), result.now, None)

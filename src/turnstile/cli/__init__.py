@@ -46,7 +46,20 @@ from ._support import (
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Modules under turnstile.cli, in the order `turnstile --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "status", "limit", "demo", "queue", "serve", "migrate")
+COMMANDS: tuple[str, ...] = (
+    "run",
+    "status",
+    "limit",
+    "ask",
+    "release",
+    "deliver",
+    "demo",
+    "queue",
+    "dispatch",
+    "serve",
+    "bridge",
+    "migrate",
+)
 
 DESCRIPTION = """\
 Fair leased locks and semaphores shared by every process that uses the same store URL.
@@ -57,8 +70,14 @@ Fair leased locks and semaphores shared by every process that uses the same stor
   turnstile demo                               the per-order webhook problem, live
   turnstile queue {queue_actions} …
                                                keyed FIFO queues (turnstile queue --help)
+  turnstile dispatch sfn --queue Q --state-machine ARN --max N
+                                               at most N Step Functions executions from Q
   turnstile serve [--host H] [--port P]        HTTP API, dashboard, metrics (docs/http.md)
+  turnstile bridge sqs QUEUE_URL               Step Functions wait for permits without polling
   turnstile limit NAME N                       change the limit of a name (its next grants)
+  turnstile ask NAME --holder H --task-token -  join a line with a callback (no waiting)
+  turnstile release NAME --holder H [--token T] release a lease or a place in line
+  turnstile deliver                            deliver callback grants (docs/workflows.md)
   turnstile migrate [--print-sql | --apply]    schema version; SQL for a DBA (PostgreSQL)
 """
 

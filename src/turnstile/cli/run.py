@@ -1,5 +1,6 @@
 """``turnstile run``: run a command while holding a lock or a semaphore slot, like
-``flock(1)`` but across every process that shares the store URL.
+``flock(1)`` but across every process that shares the store URL; or, with ``--rate-limit``,
+once a rate limit admits it (waiting in line for its slot), with nothing held after that.
 
 While waiting in line, SIGINT/SIGTERM/SIGHUP make ``turnstile`` leave the line and exit
 128+N. Once the lease is held, the lease is renewed (every ttl/3) while CMD runs, and
@@ -18,9 +19,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
-from .. import AcquireTimeout, BackendUnavailable, Lease, LeaseLost, Semaphore
+from .. import AcquireTimeout, BackendUnavailable, InvalidArgument, Lease, LeaseLost, Semaphore
+from .._async import rate_limit
 from .._core import timing, validate
 from . import _support
 from ._support import (
@@ -37,17 +40,21 @@ examples:
   turnstile run --lock deploy -- ./deploy.sh                   # one deploy at a time
   turnstile run --lock nightly --timeout 0 -- ./job || echo busy   # skip if running
   turnstile run --semaphore shared-db --limit 5 --timeout 300 -- ./migrate-tenant 42
+  turnstile run --rate-limit github-api --rate 30/m --burst 5 -- ./sync-repo x/y
 
 CMD sees TURNSTILE_NAME, TURNSTILE_HOLDER, TURNSTILE_FENCING_TOKEN (larger for every later
-grant on the name) and TURNSTILE_LIMIT in its environment; TURNSTILE_TOKEN (the HTTP
-service's bearer token) and TURNSTILE_URL are passed on as turnstile got them.
+grant on the name) and TURNSTILE_LIMIT in its environment (with --rate-limit: TURNSTILE_NAME,
+TURNSTILE_HOLDER and TURNSTILE_ADMITTED_AT, the admission time on the store's clock);
+TURNSTILE_TOKEN (the HTTP service's bearer token) and TURNSTILE_URL are passed on as
+turnstile got them.
 
 Without --url or $TURNSTILE_URL the store is one SQLite file per user and host, whatever the
 working directory: $XDG_STATE_HOME/turnstile/turnstile.db (default
 ~/.local/state/turnstile/turnstile.db).
 
 exit codes: CMD's own exit code (128+N if CMD was killed by signal N); 75 not granted within
---timeout (--timeout-exit-code); 79 the lease was lost while CMD ran (--lost-exit-code);
+--timeout (--timeout-exit-code; with --rate-limit at once when the slot is further away);
+79 the lease was lost while CMD ran (--lost-exit-code);
 126 CMD cannot be executed; 127 CMD not found; 2 bad arguments; 69 store unavailable;
 78 configuration (bad or empty URL, missing driver, not a database); 128+N turnstile
 itself stopped by signal N while waiting.
@@ -73,13 +80,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = _support.command_parser(
         subparsers,
         "run",
-        help="run a command while holding a lock or a semaphore slot",
+        help="run a command while holding a lock or a semaphore slot, or once a rate "
+        "limit admits it",
         description=(
             "Run CMD while holding a fair leased lock (or one of --limit semaphore slots) on\n"
             "NAME, shared by every process that uses the same store URL: like flock(1), but\n"
             "across processes on every host that reaches the store. Waiters are served in\n"
             "arrival order; the lease is renewed while CMD runs; CMD's exit code is passed\n"
-            "through."
+            "through.\n\n"
+            "With --rate-limit NAME --rate N/UNIT, wait in line until the rate limit admits\n"
+            "this run (at most --burst at once, at most N + burst per UNIT), then run CMD in\n"
+            "turnstile's place (exec): nothing is held while it runs."
         ),
         epilog=EPILOG,
     )
@@ -93,6 +104,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_support.name_type("--semaphore"),
         help="semaphore name (with --limit)",
     )
+    target.add_argument(
+        "--rate-limit",
+        metavar="NAME",
+        type=_support.name_type("--rate-limit"),
+        help="rate limit name (with --rate): wait in line to be admitted, then run CMD",
+    )
+    parser.add_argument(
+        "--rate",
+        metavar="N/UNIT",
+        type=rate_type("--rate"),
+        help="the rate of --rate-limit: N admissions per UNIT, where UNIT is s, m, h, a "
+        "number of seconds, or a number with s, m or h (10/s, 30/m, 1000/h, 5/2.5, 100/15m)",
+    )
+    parser.add_argument(
+        "--burst",
+        metavar="N",
+        type=_support.int_type("--burst", 1, rate_limit.MAX_RATE),
+        help="with --rate-limit: admissions at once from idle (1 to 1000000; default 1)",
+    )
     parser.add_argument(
         "--limit",
         metavar="N",
@@ -103,7 +133,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--ttl",
         metavar="S",
         type=_support.ttl_type("--ttl"),
-        default=30.0,
+        default=None,
         help="lease time in seconds, renewed every ttl/3 while CMD runs; a crashed holder "
         "frees the name after at most this long (0.05 to 2592000; default 30)",
     )
@@ -175,6 +205,12 @@ def run_command(args: argparse.Namespace) -> int:
         parser.error("--semaphore needs --limit N (1 to 1000000)")
     if args.lock is not None and args.limit is not None:
         parser.error("--limit applies only to --semaphore (a lock has exactly one slot)")
+    if args.rate_limit is not None:
+        return _run_rate_limited(args, parser, command)
+    for option, value in (("--rate", args.rate), ("--burst", args.burst)):
+        if value is not None:
+            parser.error(f"{option} applies only to --rate-limit")
+    ttl: float = 30.0 if args.ttl is None else args.ttl
 
     name: str = args.lock if args.lock is not None else args.semaphore
     kind = "lock" if args.lock is not None else "semaphore"
@@ -193,9 +229,9 @@ def run_command(args: argparse.Namespace) -> int:
             )
         sem: Semaphore
         if kind == "lock":
-            sem = client.lock(name, args.ttl, on_lost=alarm)
+            sem = client.lock(name, ttl, on_lost=alarm)
         else:
-            sem = client.semaphore(name, limit, args.ttl, on_lost=alarm)
+            sem = client.semaphore(name, limit, ttl, on_lost=alarm)
         shown = f"{kind} {name!r}"
         started = time.monotonic()
         lease: Lease | None = None
@@ -228,6 +264,119 @@ def run_command(args: argparse.Namespace) -> int:
                     lease.release()
     finally:
         client.close()
+
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def rate_type(option: str) -> Callable[[str], tuple[int, float]]:
+    """``N/UNIT``: ``(rate, per)``, checked with the rate limit's own bounds."""
+
+    def parse(text: str) -> tuple[int, float]:
+        count, slash, unit = text.strip().partition("/")
+        usage = (
+            f"must be N/UNIT with UNIT s, m, h or a number of seconds (e.g. 10/s, 30/m, "
+            f"5/2.5), got {text!r}"
+        )
+        if not slash or not count.strip().isdigit():
+            raise argparse.ArgumentTypeError(usage)
+        unit = unit.strip().lower()
+        scale = 1.0
+        if unit and unit[-1] in UNITS:
+            unit, scale = unit[:-1], UNITS[unit[-1]]
+        try:
+            per = (float(unit) if unit else 1.0) * scale
+        except ValueError:
+            raise argparse.ArgumentTypeError(usage) from None
+        try:
+            rate = validate.count(int(count), "rate", rate_limit.MAX_RATE)
+            per = validate.seconds(per, "per", low=rate_limit.MIN_PER, high=rate_limit.MAX_PER)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return rate, per
+
+    return parse
+
+
+def _run_rate_limited(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, command: list[str]
+) -> int:
+    """Wait in line until the rate limit admits this run, then exec CMD: nothing is held
+    while it runs, so turnstile has nothing left to do (signals reach CMD directly, and its
+    exit code is the run's)."""
+    if args.rate is None:
+        parser.error("--rate-limit needs --rate N/UNIT, e.g. --rate 10/s")
+    for option, value in (("--limit", args.limit), ("--ttl", args.ttl)):
+        if value is not None:
+            parser.error(f"{option} does not apply to --rate-limit (an admission holds nothing)")
+    rate, per = args.rate
+    burst: int = 1 if args.burst is None else args.burst
+    name: str = args.rate_limit
+    holder: str = args.holder or timing.default_holder()
+    if args.verbose:
+        _support.log_to_stderr()
+    client = _support.connect(args)
+    try:
+        if not client.characteristics.cross_process:
+            _support.note(
+                f"warning: {client.characteristics.scheme}:// is private to this process; "
+                "no other process shares this rate limit"
+            )
+        limiter = client.rate_limit(name, rate, per, burst)
+        started = time.monotonic()
+        with _support.stop_on_signals():  # leaves the line, then exits 128+N
+            try:
+                admitted_at = limiter.acquire(timeout=args.timeout, holder=holder)
+            except AcquireTimeout as exc:
+                _support.error(
+                    f"not admitted by rate limit {name!r} within "
+                    f"{validate.seconds_text(args.timeout or 0.0)}: {_reason(exc, name)}"
+                )
+                return int(args.timeout_exit_code)
+        if args.verbose:
+            _support.note(
+                f"admitted by rate limit {name!r} as {holder!r} after "
+                f"{time.monotonic() - started:.3f} s"
+            )
+    finally:
+        client.close()
+    env = dict(os.environ)
+    for stale in ("TURNSTILE_FENCING_TOKEN", "TURNSTILE_LIMIT"):  # an enclosing run's
+        env.pop(stale, None)
+    env.update(
+        TURNSTILE_NAME=name,
+        TURNSTILE_HOLDER=holder,
+        TURNSTILE_ADMITTED_AT=repr(admitted_at),
+    )
+    return _exec(command, env)
+
+
+def _reason(exc: AcquireTimeout, name: str) -> str:
+    text = str(exc)
+    prefix = f"{name!r}: "
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def _exec(command: list[str], env: dict[str, str]) -> int:
+    """Replace this process with CMD; only returns (an exit code) if it cannot start."""
+    for signum in RESET_FOR_CHILD:  # Python ignores them; CMD gets the defaults back
+        signal.signal(signum, signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except FileNotFoundError:
+        _support.error(f"command not found: {_support.printable(command[0])}")
+        return EXIT_NOT_FOUND
+    except OSError as exc:
+        _support.error(
+            f"cannot execute {_support.printable(command[0])}: {exc.strerror or exc}"
+        )
+        return EXIT_CANNOT_EXECUTE
+    finally:
+        for signum in RESET_FOR_CHILD:
+            signal.signal(signum, signal.SIG_IGN)
+    return EXIT_CANNOT_EXECUTE  # not reached: execvpe returns only by raising
 
 
 def _timeout_message(sem: Semaphore, shown: str, timeout: float | None) -> str:

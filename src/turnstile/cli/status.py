@@ -1,4 +1,5 @@
-"""``turnstile status``: who holds a name and who waits, in order, as a table or JSON."""
+"""``turnstile status``: who holds a name and who waits, in order, as a table or JSON; with
+``--rate-limit NAME``, a rate limit's rate, recent admissions and line."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 from typing import Any
 
 from .. import Status
+from .._core.records import RateStatus
 from .._core.urls import redact
 from . import _support
 from .migrate import schema_version
@@ -16,6 +18,7 @@ examples:
   turnstile status deploy              # one name
   turnstile status --prefix order:     # names starting with order:
   turnstile status deploy --json | jq '.holders[0].token'
+  turnstile status --rate-limit github-api   # a rate limit: its rate, admissions, line
 
 Without --url or $TURNSTILE_URL the store is one SQLite file per user and host:
 $XDG_STATE_HOME/turnstile/turnstile.db (default ~/.local/state/turnstile/turnstile.db);
@@ -27,6 +30,9 @@ lapses unless renewed, waiting = since the waiter first asked.
 "schema": {store, where, applied, latest, up_to_date} or null (stores without a schema)};
 each object is {name, limit, now, holders: [{holder, token, acquired_at, expires_at, age,
 expires_in}], waiters: [{holder, position, joined_at, expires_at, waiting}]}.
+With --rate-limit NAME, --json prints {name, rate, per, burst, now, next_slot, admitted:
+[times of the last `per` seconds], waiters: [{holder, position, joined_at, slot, due_in}]}
+(rate, per and burst are null while the name is idle).
 """
 
 MAX_NAMES = 1000
@@ -50,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--prefix", metavar="P", default="", help="without NAME: only names starting with P"
     )
+    parser.add_argument(
+        "--rate-limit",
+        metavar="NAME",
+        type=_support.name_type("--rate-limit"),
+        help="show the rate limit NAME instead: its rate, recent admissions and its line",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=status_command, status_parser=parser)
 
@@ -57,6 +69,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def status_command(args: argparse.Namespace) -> int:
     if args.name is not None and args.prefix:
         args.status_parser.error("--prefix applies only without NAME")
+    if args.rate_limit is not None:
+        if args.name is not None or args.prefix:
+            args.status_parser.error("--rate-limit takes no NAME or --prefix")
+        with _support.connect(args) as client:
+            rate = client.backend.rate_status(args.rate_limit)
+        if args.json:
+            _print_json(rate.to_dict())
+        else:
+            print("\n".join(render_rate(rate)))
+        return _support.EXIT_OK
     with _support.connect(args) as client:
         if args.name is not None:
             status = client.status(args.name)
@@ -107,28 +129,64 @@ def render(status: Status) -> list[str]:
     limit = "?" if status.limit is None else str(status.limit)
     waiting = f", {len(status.waiters)} waiting" if status.waiters else ""
     lines = [f"{name}: {len(status.holders)}/{limit} held{waiting}"]
-    rows: list[tuple[str, ...]] = [("HOLDER", "TOKEN", "AGE", "EXPIRES IN")]
+    # Callback grants and waiters get one more column: the callback's kind and, for a
+    # grant, its delivery (never the task token or URL).
+    shown = any(h.callback for h in status.holders) or any(w.callback for w in status.waiters)
+    extra: tuple[str, ...] = ("CALLBACK",) if shown else ()
+    rows: list[tuple[str, ...]] = [("HOLDER", "TOKEN", "AGE", "EXPIRES IN", *extra)]
     for h in status.holders:
+        callback = (f"{h.callback} ({h.delivery})" if h.callback else "-",) if shown else ()
         rows.append(
             (
                 _support.printable(h.holder),
                 str(h.token),
                 _support.duration(status.now - h.acquired_at),
                 _support.duration(h.expires_at - status.now),
+                *callback,
             )
         )
     lines += _table(rows, right={1, 2, 3})
     if status.waiters:
-        rows = [("POSITION", "WAITER", "WAITING")]  # position 0 is served next
+        rows = [("POSITION", "WAITER", "WAITING", *extra)]  # position 0 is served next
         for w in status.waiters:
             rows.append(
                 (
                     str(w.position),
                     _support.printable(w.holder),
                     _support.duration(status.now - w.joined_at),
+                    *((w.callback or "-",) if shown else ()),
                 )
             )
         lines += _table(rows, right={0, 2})
+    return lines
+
+
+def render_rate(status: RateStatus) -> list[str]:
+    """The status of one rate limit as lines of text."""
+    name = _support.printable(status.name)
+    if status.rate is None or status.per is None:
+        return [f"{name}: idle rate limit (nobody waits, no admission in its last period)"]
+    per = f"{status.per:g} s"
+    waiting = f", {len(status.waiters)} waiting" if status.waiters else ""
+    lines = [
+        f"{name}: rate limit {status.rate} per {per}, burst {status.burst}; "
+        f"{len(status.admitted)} admitted in the last {per}{waiting}"
+    ]
+    if status.waiters:
+        rows: list[tuple[str, ...]] = [("POSITION", "WAITER", "WAITING", "DUE IN")]
+        for w in status.waiters:
+            rows.append(
+                (
+                    str(w.position),
+                    _support.printable(w.holder),
+                    _support.duration(status.now - w.joined_at),
+                    _support.duration(max(0.0, w.slot - status.now)),
+                )
+            )
+        lines += _table(rows, right={0, 2, 3})
+    else:
+        due = _support.duration(max(0.0, status.next_slot - status.now))
+        lines.append(f"  next admission: in {due}")
     return lines
 
 

@@ -14,6 +14,7 @@ from its state without URL-encoding.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,12 +30,14 @@ from starlette.routing import Route
 from .. import __version__
 from .._core import validate
 from ..aio import AsyncClient
-from . import lock_endpoints, openapi, queue_endpoints
+from ..workflows.deliverer import secret_from_env
+from . import lock_endpoints, openapi, queue_endpoints, rate_endpoints
 from .auth import Principal
 from .common import Ctx, Service
 from .config import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT, ServerConfig
+from .deliveries import OUTCOMES
 from .errors import error_response, from_exception
-from .metrics import Gauge
+from .metrics import Gauge, histogram_lines
 from .openapi import error_schema, obj, ref
 from .table import Args, Endpoint, Field, parse
 
@@ -87,8 +90,19 @@ async def dashboard_data(ctx: Ctx) -> Any:
         "queues": [q.to_dict() for q in await service.queue_stats(ctx.principal, 50)],
         "events": [e.to_dict() for e in service.events.since(since, ctx.principal)],
         "cursor": service.events.last_seq,
-        "instance": {"started": service.started, "version": __version__},
+        "instance": {
+            "started": service.started,
+            "version": __version__,
+            "deliveries": service.deliveries.to_dict(),
+        },
     }
+
+
+async def deliveries(ctx: Ctx) -> Any:
+    """Callback deliveries: pending over the store, and this instance's deliverer."""
+    service = ctx.service
+    pending = await service.deliveries.pending(service.pending_deliveries)
+    return {"pending": pending, "deliverer": service.deliveries.to_dict()}
 
 
 async def healthz(ctx: Ctx) -> Response:
@@ -147,6 +161,16 @@ async def metrics(ctx: Ctx) -> Response:
             (),
             1 if truncated or len(statuses) > cap else 0,
         ))
+    service = ctx.service
+    pending = await service.deliveries.pending(service.pending_deliveries)
+    if pending is not None:
+        gauges.append(Gauge(
+            "turnstile_deliveries_pending",
+            "Callback grants waiting for their delivery, over the whole store (sampled).",
+            (),
+            pending,
+        ))
+    service.deliveries.sync()
     for found in await ctx.service.queue_stats(ctx.principal, 200):
         labels = (("queue", found.name),)
         for metric, field, help_text in QUEUE_GAUGES:
@@ -159,9 +183,27 @@ async def metrics(ctx: Ctx) -> Response:
                 found.oldest_age,
             ))
     return PlainTextResponse(
-        ctx.service.metrics.render(gauges),
+        ctx.service.metrics.render(gauges) + _delivery_metrics(service),
         media_type="text/plain; version=0.0.4; charset=utf-8",
     )
+
+
+def _delivery_metrics(service: Service) -> str:
+    """This instance's deliverer: outcomes and grant-to-delivered latency."""
+    stats = service.deliveries.stats
+    metric = "turnstile_deliveries_total"
+    out = [
+        f"# HELP {metric} Callback deliveries settled by this instance's deliverer, by "
+        "outcome (lost: the grant expired or was released before it was settled).",
+        f"# TYPE {metric} counter",
+    ]
+    for outcome in OUTCOMES:
+        out.append(f'{metric}{{outcome="{outcome}"}} {getattr(stats, outcome)}')
+    metric = "turnstile_delivery_seconds"
+    out.append(f"# HELP {metric} Time from a callback grant to its delivery (this instance).")
+    out.append(f"# TYPE {metric} histogram")
+    histogram_lines(out, metric, (), service.deliveries.latency)
+    return "\n".join(out) + "\n"
 
 
 # -- the service's part of the endpoint table ------------------------------------------------
@@ -181,6 +223,14 @@ def _service_endpoints() -> list[Endpoint]:
             methods=("GET",),
             fields=(Field("since", {"type": "integer", "minimum": 0, "maximum": 2**62}),),
             response=ref("Dashboard"), errors=(422,), reads_names=False,
+        ),
+        Endpoint(
+            "/v1/deliveries", deliveries, "deliveries", "service",
+            "Callback grants: how many wait for delivery, and this instance's deliverer",
+            "`pending` counts over the whole store (no names); the deliverer's counts are "
+            "this instance's since it started. Callback grants are asked for with "
+            "`callback` on try-acquire.",
+            methods=("GET",), response=ref("Deliveries"), reads_names=False,
         ),
         Endpoint(
             "/healthz", healthz, "healthz", "service",
@@ -223,6 +273,7 @@ def endpoint_table(config: ServerConfig) -> list[Endpoint]:
     return [
         *lock_endpoints.endpoints(config),
         *queue_endpoints.endpoints(config),
+        *rate_endpoints.endpoints(config),
         *_service_endpoints(),
     ]
 
@@ -266,6 +317,8 @@ def _serve(service: Service, endpoint: Endpoint) -> Handler:
 def create_app(config: ServerConfig | None = None, client: AsyncClient | None = None) -> Starlette:
     """The ASGI app. Without ``client`` it connects to ``config.url`` on startup."""
     config = config or ServerConfig()
+    if config.callback_secret is None and (secret := secret_from_env()) is not None:
+        config = dataclasses.replace(config, callback_secret=secret)
     service = Service(config, client)
     dashboard_html = resources.files("turnstile.server").joinpath("dashboard.html").read_text(
         "utf-8"

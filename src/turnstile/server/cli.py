@@ -189,6 +189,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"default: {DEFAULT_METRICS_NAMES})",
     )
     parser.add_argument(
+        "--callback-secret-file",
+        metavar="FILE",
+        default=None,
+        help="the shared secret that signs HTTP callback grants (HMAC-SHA256, header "
+        f"X-Turnstile-Signature), read from FILE (default: ${SECRET_ENV}; without a secret "
+        "the service accepts Step Functions callbacks only)",
+    )
+    parser.add_argument(
+        "--callback-hosts",
+        metavar="HOST[,HOST]",
+        action="append",
+        default=None,
+        help="the only hosts HTTP callback URLs may name (repeatable; '.example.com' also "
+        f"admits subdomains; default: ${HOSTS_ENV}, else any public host: loopback, private "
+        "and link-local addresses are refused)",
+    )
+    parser.add_argument(
+        "--no-deliver",
+        action="store_true",
+        help="run no deliverer: callback grants wait for another one on the same store "
+        "(turnstile deliver, another instance)",
+    )
+    parser.add_argument(
         "--proxy-headers",
         action="store_true",
         help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips (behind a TLS proxy)",
@@ -206,6 +229,43 @@ def _default_store() -> str:
         return default_url()
     except ConfigurationError:
         return f"sqlite:///{DEFAULT_DESCRIPTION}"
+
+
+SECRET_ENV = "TURNSTILE_CALLBACK_SECRET"
+HOSTS_ENV = "TURNSTILE_CALLBACK_HOSTS"
+MIN_SECRET_BYTES = 16
+QUIET_LOGGERS = ("boto3", "botocore", "s3transfer", "urllib3")
+
+
+def _callback_secret(path: str | None) -> bytes | None:
+    """The callback secret: the file's content (surrounding whitespace stripped), else
+    ``$TURNSTILE_CALLBACK_SECRET``. Raises ConfigurationError (never quoting the secret)."""
+    if path is None:
+        value = os.environ.get(SECRET_ENV, "").strip()
+        return _strong(value.encode("utf-8"), f"${SECRET_ENV}") if value else None
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read --callback-secret-file {path!r}: {exc.strerror or exc}"
+        ) from None
+    if not secret:
+        raise ConfigurationError(f"--callback-secret-file {path!r} is empty")
+    return _strong(secret, f"--callback-secret-file {path!r}")
+
+
+def _strong(secret: bytes, where: str) -> bytes:
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigurationError(
+            f"the callback secret of {where} is {len(secret)} bytes; use at least "
+            f"{MIN_SECRET_BYTES} (e.g. openssl rand -hex 32)"
+        )
+    return secret
+
+
+def _callback_hosts(given: list[str] | None) -> tuple[str, ...]:
+    texts = given if given is not None else [os.environ.get(HOSTS_ENV, "")]
+    return tuple(h.strip() for text in texts for h in text.split(",") if h.strip())
 
 
 # The secrets of the store URL being served: blotted out of every message and log line.
@@ -282,6 +342,13 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_CONFIG)
     _SECRETS[:] = secrets_in(url)
     try:
+        callback_secret = _callback_secret(args.callback_secret_file)
+    except ConfigurationError as exc:
+        return _fail(str(exc), EXIT_CONFIG)
+    if callback_secret is not None:
+        # Blotted out of every message and log line, like the store URL's password.
+        _SECRETS.append(callback_secret.decode("utf-8", "replace"))
+    try:
         tokens = TokenTable.load(args.tokens)
     except ConfigurationError as exc:
         return _fail(str(exc), EXIT_CONFIG)
@@ -311,6 +378,9 @@ def run(args: argparse.Namespace) -> int:
             max_body_memory=args.max_body_memory,
             max_header_bytes=args.max_header_bytes,
             metrics_max_names=args.metrics_names,
+            callback_secret=callback_secret,
+            deliver=not args.no_deliver,
+            callback_hosts=_callback_hosts(args.callback_hosts),
         )
     except TurnstileError as exc:
         return _fail(str(exc))
@@ -408,6 +478,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     _scrub_logs("")
+    # The AWS SDK and urllib3 log request parameters and URLs at DEBUG: a callback's task
+    # token or URL. They log nothing below INFO here, whatever --log-level says.
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logging.INFO, logging.getLogger().getEffectiveLevel()))
     return asyncio.run(main())
 
 

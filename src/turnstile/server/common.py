@@ -18,9 +18,12 @@ from .._core.records import Grant, QueueStats, Status
 from ..aio import AsyncClient, AsyncLease
 from ..aio import connect as aio_connect
 from ..errors import NotSupported
+from ..workflows.deliverer import Deliverer
+from . import deliveries
 from .auth import Principal, bearer, is_loopback_host_header
 from .bounds import BodyBudget
 from .config import ServerConfig
+from .deliveries import Deliveries
 from .errors import ApiError
 from .metrics import Metrics
 from .observe import EventLog, Tracker
@@ -49,6 +52,9 @@ class Service:
         # queues that hold messages).
         self._configured = tuple(dict.fromkeys(config.queues))
         self._observer: asyncio.Task[None] | None = None
+        # Callback grants: the secret signing HTTP callbacks, this instance's deliverer.
+        self.callback_secret = config.callback_secret
+        self.deliveries = Deliveries()
 
     @property
     def client(self) -> AsyncClient:
@@ -59,10 +65,23 @@ class Service:
     async def start(self) -> None:
         if self._client is None:
             self._client = await aio_connect(self.config.url)
+        backend = self._client.backend
+        if self.config.deliver and backend.characteristics.local_deliveries:
+            deliverer = Deliverer(
+                backend,
+                secret=self.callback_secret,
+                sender=deliveries.sender(self.callback_secret, self.config.callback_hosts),
+            )
+            await deliverer.start()
+            self.deliveries.deliverer = deliverer
         if self.config.observe_interval > 0:
             self._observer = asyncio.get_running_loop().create_task(
                 self._observe_loop(), name="turnstile-observer"
             )
+
+    async def pending_deliveries(self) -> int:
+        """The store's count of grants waiting for their delivery."""
+        return await self.client.backend.pending_deliveries()
 
     def begin_shutdown(self) -> None:
         """End every long poll now (acquire answers ``shutting_down``; waits answer "not
@@ -75,6 +94,9 @@ class Service:
             self._observer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._observer
+        deliverer, self.deliveries.deliverer = self.deliveries.deliverer, None
+        if deliverer is not None:
+            await deliverer.stop()
         if self._own_client and self._client is not None:
             await self._client.close()
 

@@ -42,6 +42,14 @@ class ServerConfig:
     # Per-name holders/waiters gauges in /metrics: the first N held or awaited names in
     # code-point order (0: none).
     metrics_max_names: int = DEFAULT_METRICS_NAMES
+    # Callback grants (server/deliveries.py). The HMAC secret signing HTTP callbacks (None:
+    # $TURNSTILE_CALLBACK_SECRET, else HTTP callbacks are refused); never shown.
+    callback_secret: bytes | None = field(default=None, repr=False)
+    # Run a deliverer over the store for the app's lifetime (when the store delivers locally).
+    deliver: bool = True
+    # Hosts HTTP callback URLs may name. Empty: any host but a loopback, private, link-local
+    # or otherwise non-public address (checked when asked and again when delivered).
+    callback_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for arg in ("header_timeout", "body_timeout", "keep_alive"):
@@ -80,6 +88,13 @@ class ServerConfig:
                 f"metrics_max_names must be between 0 and {MAX_METRICS_NAMES}, "
                 f"got {self.metrics_max_names}"
             )
+        if self.callback_secret is not None and not self.callback_secret:
+            raise InvalidArgument("callback_secret must not be empty")
+        for host in self.callback_hosts:
+            if not isinstance(host, str) or not host or any(c in host for c in "/@ \t"):
+                raise InvalidArgument(
+                    f"callback_hosts must be host names or addresses, got {host!r}"
+                )
         if not (self.observe_interval == 0 or 0.1 <= self.observe_interval <= 3600):
             raise InvalidArgument(
                 "observe_interval must be 0 (off) or 0.1 to 3600 seconds, "

@@ -37,7 +37,8 @@ CODES: dict[str, tuple[int, str]] = {
     "request_timeout": (408, "the body did not arrive within the service's body timeout"),
     "acquire_timeout": (409, "not granted within `wait` seconds; the caller left the line"),
     "lease_lost": (409, "the lease expired or was taken over; it is no longer held"),
-    "limit_conflict": (409, "the name is in use under another limit (change it: /limit)"),
+    "limit_conflict": (409, "the name is in use under another limit (change it: /limit) "
+                       "or, for a rate limit, another rate"),
     "payload_too_large": (413, "the body exceeds the service's limit"),
     "unsupported_media_type": (415, "POST bodies must be sent as application/json"),
     "invalid_argument": (422, "an argument is missing, unknown or outside its accepted range"),

@@ -27,7 +27,8 @@ from .common import (
     new_holder,
     shutting_down,
 )
-from .openapi import HOLDER, LIMIT, LISTING, NAME, TOKEN, TTL, obj, ref
+from .deliveries import check_callback
+from .openapi import HOLDER, LIMIT, LISTING, NAME, TOKEN, TTL, callback_schema, obj, ref
 from .table import Endpoint, Field, Schema
 
 if TYPE_CHECKING:
@@ -84,9 +85,22 @@ async def _await(awaitable: Awaitable[T]) -> T:
 
 async def try_acquire(ctx: Ctx, kind: str) -> Any:
     sem = _primitive(ctx, kind, ttl=ctx.args.get("ttl", 30.0))
+    callback = None
+    if "callback" in ctx.args.values:
+        service = ctx.service
+        callback = check_callback(
+            ctx.args["callback"],
+            secret=service.callback_secret,
+            allow=service.config.callback_hosts,
+        )
     ticket = await sem.try_acquire(
-        ctx.args["holder"], ctx.args.get("wait_ttl"), enqueue=ctx.args.get("enqueue", True)
+        ctx.args["holder"],
+        ctx.args.get("wait_ttl"),
+        enqueue=ctx.args.get("enqueue", True),
+        callback=callback,
     )
+    if callback is not None:
+        ctx.service.deliveries.nudge()  # granted now: deliver it now
     assert ticket.now is not None
     lease = None
     if ticket.lease is not None:
@@ -119,6 +133,7 @@ async def release(ctx: Ctx, kind: str) -> Any:
     lock = _primitive(ctx, "locks")
     holder, token = ctx.args["holder"], ctx.args.get("token")
     released = await lock.release(holder, token)
+    ctx.service.deliveries.nudge()  # the next in line may be a callback waiter
     ctx.tracker.released(lock.name, holder, token, released)
     return {"released": released}
 
@@ -127,6 +142,7 @@ async def set_limit(ctx: Ctx) -> Any:
     """Change the limit of a name for its next grants (``AsyncSemaphore.set_limit``)."""
     sem = _primitive(ctx, "semaphores")
     previous = await sem.set_limit(ctx.args["limit"])
+    ctx.service.deliveries.nudge()  # a raised limit may grant callback waiters
     return {"name": sem.name, "limit": sem.limit, "previous": previous}
 
 
@@ -173,7 +189,26 @@ async def force_release(ctx: Ctx) -> Any:
         if await lock.release(target):
             released.append(target)
             ctx.tracker.released(lock.name, target, None, True, kind="force_released")
+    ctx.service.deliveries.nudge()
     return {"released": released}
+
+
+async def stepfunctions_event(ctx: Ctx) -> Any:
+    """An EventBridge "Step Functions Execution Status Change" event (an API destination):
+    an execution that ended loses every grant and place it has, at once
+    (``workflows/lifecycle.py``); any other event is acknowledged and ignored."""
+    ctx.admin()  # it may free grants on any name
+    from ..workflows import lifecycle
+
+    event = dict(ctx.args.values)
+    arn = lifecycle.ended_execution(event)
+    if arn is None:
+        return {"execution": None, "grants": [], "places": [], "names_read": 0}
+    freed = await lifecycle.free_execution(ctx.client, arn)
+    for name, token in freed.grants:
+        ctx.tracker.released(name, arn, token, True, kind="force_released")
+    ctx.service.deliveries.nudge()  # a freed slot may grant a callback waiter
+    return {"execution": arn, **freed.as_dict()}
 
 
 # -- the endpoint table ----------------------------------------------------------------------
@@ -226,15 +261,22 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
             "Idempotent per `holder`: asking again keeps the place and, once granted, "
             "returns the same lease. A place not asked about within `wait_ttl` lapses. "
             "`enqueue: false` takes a free slot only if nobody waits, without joining. "
-            "`limit_conflict` (409) if the name is in use under another limit.",
+            "`limit_conflict` (409) if the name is in use under another limit. "
+            "With `callback` nobody needs to ask again: the grant, now or when the turn "
+            "comes, is delivered there by the service (at least once), with the lease as "
+            "`{name, holder, token, expires_at, limit}`; see docs/http.md.",
             fields=(
                 name, *limit, Field("ttl", {**TTL, "default": 30}), holder,
                 Field("wait_ttl", {
                     **TTL, "description": "How long the place in line lasts without asking "
-                    "again (default: `ttl`).",
+                    "again (default: `ttl`; with `callback`, one day).",
                 }),
                 Field("enqueue", {"type": "boolean", "default": True}),
+                Field("callback", callback_schema(config.callback_secret is not None)),
             ),
+            # A callback waits in line: not with `enqueue: false`.
+            body_extra={"not": {"required": ["callback", "enqueue"],
+                                "properties": {"enqueue": {"const": False}}}},
             response=ref("Ticket"),
             errors=(409,),
         ),
@@ -320,5 +362,33 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
             fields=(Field("name", NAME, required=True), Field("holder", HOLDER)),
             response=obj(["released"], {"released": {"type": "array",
                                                      "items": {"type": "string"}}}),
+        ),
+        Endpoint(
+            "/v1/events/stepfunctions", stepfunctions_event, "stepfunctions_event", "admin",
+            "Admin: an execution ended (an EventBridge status-change event): free its permits",
+            "The body is an EventBridge \"Step Functions Execution Status Change\" event as "
+            "an API destination sends it. When `detail.status` is final (SUCCEEDED, FAILED, "
+            "TIMED_OUT, ABORTED), every grant held by `detail.executionArn` (the holder "
+            "`$$.Execution.Id`) is released, each scoped by its token, and every place it "
+            "waits in is left, at once; the next in line is served. Other events are "
+            "answered with `execution: null` and change nothing. Needs an admin token. "
+            "See docs/workflows.md.",
+            fields=(
+                # EventBridge's envelope, as it sends it; only detail-type and detail are
+                # read (the body's size is bounded like every body's).
+                Field("detail-type", {"type": "string"}, required=True),
+                Field("detail", {"type": "object"}, required=True),
+                *(Field(f, {"type": "string"})
+                  for f in ("source", "version", "id", "account", "time", "region")),
+                Field("resources", {"type": "array"}),
+            ),
+            response=obj(["execution", "grants", "places", "names_read"], {
+                "execution": {"type": ["string", "null"]},
+                "grants": {"type": "array", "items": obj(["name", "token"], {
+                    "name": {"type": "string"}, "token": {"type": "integer"},
+                })},
+                "places": {"type": "array", "items": {"type": "string"}},
+                "names_read": {"type": "integer", "minimum": 0},
+            }),
         ),
     ]

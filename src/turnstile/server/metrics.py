@@ -138,14 +138,14 @@ class Metrics:
         ):
             out.append(f"# HELP {metric} {help_text}")
             out.append(f"# TYPE {metric} histogram")
-            _histogram(out, metric, (), hist)
+            histogram_lines(out, metric, (), hist)
         metric = "turnstile_http_request_duration_seconds"
         out.append(
             f"# HELP {metric} Time to answer an HTTP request (long polls included), by route."
         )
         out.append(f"# TYPE {metric} histogram")
         for (method, route), hist in sorted(self.latency.items()):
-            _histogram(out, metric, (("method", method), ("route", route)), hist)
+            histogram_lines(out, metric, (("method", method), ("route", route)), hist)
         by_metric: dict[str, list[Gauge]] = {}
         for gauge in gauges:
             by_metric.setdefault(gauge.metric, []).append(gauge)
@@ -157,7 +157,7 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
-def _histogram(
+def histogram_lines(
     out: list[str], metric: str, labels: tuple[tuple[str, str], ...], hist: Histogram
 ) -> None:
     cumulative = 0

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from .._core import validate
+from .._async import rate_limit
+from .._core import callbacks, validate
 from .errors import CODES
 from .table import Endpoint, Field, Schema, error_statuses
 
@@ -72,6 +73,87 @@ TOKEN: Schema = {
     "description": "Fencing token: strictly increasing per name.",
 }
 TIME: Schema = {"type": "number", "description": "Seconds since the epoch, on the store's clock."}
+# A rate limit's fields (``_async/rate_limit.py`` checks the same bounds).
+RATE_FIELDS: dict[str, Schema] = {
+    "rate": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": rate_limit.MAX_RATE,
+        "description": "Admissions per `per` seconds (beyond the `burst`).",
+    },
+    "per": {
+        "type": "number",
+        "minimum": rate_limit.MIN_PER,
+        "maximum": rate_limit.MAX_PER,
+        "default": 1,
+        "description": "The window of `rate`, in seconds: one admission every `per / rate` "
+        "seconds once the burst is spent.",
+    },
+    "burst": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": rate_limit.MAX_RATE,
+        "default": 1,
+        "description": "Admissions at once from idle; at most `rate + burst` in any window "
+        "of `per` seconds.",
+    },
+}
+# A try-acquire's callback (``_core/callbacks.py``'s JSON form).
+_SFN_CALLBACK: Schema = {
+    "type": "object",
+    "required": ["kind", "task_token"],
+    "additionalProperties": False,
+    "properties": {
+        "kind": {"const": callbacks.SFN},
+        "task_token": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": callbacks.MAX_TASK_TOKEN_CHARS,
+            "pattern": "^[^\\u0000-\\u001f\\u007f]+$",
+            "description": "The task token of a `.waitForTaskToken` task (a credential: "
+            "never shown by the service).",
+        },
+    },
+}
+_HTTP_CALLBACK: Schema = {
+    "type": "object",
+    "required": ["kind", "url"],
+    "additionalProperties": False,
+    "properties": {
+        "kind": {"const": callbacks.HTTP},
+        "url": {
+            "type": "string",
+            "minLength": 8,
+            "maxLength": callbacks.MAX_URL_CHARS,
+            "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^\\u0000-\\u0020\\u007f@]+$",
+            "description": "An http:// or https:// URL with no credentials, whose host the "
+            "service accepts (`--callback-hosts`; by default any public host).",
+        },
+    },
+}
+
+
+def callback_schema(http: bool) -> Schema:
+    """The ``callback`` field: Step Functions always; HTTP only on a service that has a
+    callback secret to sign them with (else it refuses them, and the document says so)."""
+    text = (
+        "Wait with no connection: the grant, now or when the turn comes, is delivered here "
+        "by the service, at least once. `sfn`: `SendTaskSuccess` with the lease as output "
+        "(a `.waitForTaskToken` task)"
+    )
+    if not http:
+        return {
+            **_SFN_CALLBACK,
+            "description": text + ". This service has no callback secret, so it accepts no "
+            "HTTP callbacks. See docs/http.md.",
+        }
+    return {
+        "type": "object",
+        "description": text + "; `http`: a POST of the lease, signed "
+        f"(`{callbacks.SIGNATURE_HEADER}: sha256=<hex HMAC-SHA256 of the body>`). See "
+        "docs/http.md.",
+        "oneOf": [_SFN_CALLBACK, _HTTP_CALLBACK],
+    }
 
 
 def error_schema() -> Schema:
@@ -207,6 +289,16 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
                         "expires_at": TIME,
                         "age": {"type": "number"},
                         "expires_in": {"type": "number"},
+                        "callback": {
+                            "enum": ["sfn", "http", "unknown"],
+                            "description": "A callback grant: its callback's kind (never "
+                            "its task token or URL).",
+                        },
+                        "delivery": {
+                            "enum": [callbacks.PENDING, callbacks.DELIVERED],
+                            "description": "A callback grant: whether a deliverer has "
+                            "delivered it yet.",
+                        },
                     },
                 ),
             },
@@ -220,6 +312,10 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
                         "joined_at": TIME,
                         "expires_at": TIME,
                         "waiting": {"type": "number"},
+                        "callback": {
+                            "enum": ["sfn", "http", "unknown"],
+                            "description": "A callback waiter: its callback's kind.",
+                        },
                     },
                 ),
             },
@@ -272,6 +368,31 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
             "instance": {"type": "object"},
         },
     )
+    deliveries = obj(
+        ["pending", "deliverer"],
+        {
+            "pending": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "description": "Grants waiting for their delivery, over the whole store "
+                "(sampled at most once a second; null if the store cannot say).",
+            },
+            "deliverer": obj(
+                ["running", "delivered", "refused", "retried", "lost", "latency_p50",
+                 "latency_p99"],
+                {
+                    "running": {"type": "boolean", "description": "This instance runs a "
+                                "deliverer (not with `--no-deliver`)."},
+                    "delivered": {"type": "integer", "minimum": 0},
+                    "refused": {"type": "integer", "minimum": 0},
+                    "retried": {"type": "integer", "minimum": 0},
+                    "lost": {"type": "integer", "minimum": 0},
+                    "latency_p50": {"type": ["number", "null"]},
+                    "latency_p99": {"type": ["number", "null"]},
+                },
+            ),
+        },
+    )
     return {
         "openapi": "3.1.0",
         "info": {
@@ -290,6 +411,8 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
             {"name": "admin", "description": "Needs an admin token."},
             {"name": "queues", "description": "Keyed FIFO queues: one message per key in "
              "flight, in put order; at least once."},
+            {"name": "rates", "description": "Rate limits whose callers wait in line, in "
+             "arrival order, each admitted at its slot."},
             {"name": "service", "description": "Health, metrics, discovery."},
         ],
         "paths": paths,
@@ -304,7 +427,9 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
                 "Event": event,
                 "Info": info,
                 "Dashboard": dashboard,
+                "Deliveries": deliveries,
                 **_queue_schemas(),
+                **_rate_schemas(),
             },
         },
     }
@@ -392,6 +517,62 @@ def _queue_schemas() -> dict[str, Schema]:
                 "enqueued_at": TIME,
                 "died_at": TIME,
                 "error": {"type": ["string", "null"]},
+            },
+        ),
+    }
+
+
+# -- rate limits -----------------------------------------------------------------------------
+
+
+def _rate_schemas() -> dict[str, Schema]:
+    return {
+        "RateTicket": obj(
+            ["acquired", "position", "retry_after", "now"],
+            {
+                "acquired": {"type": "boolean", "description": "Admitted now."},
+                "position": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "description": "Place in line (0 = next) while not admitted; null when "
+                    "admitted, or with `enqueue: false` when not admitted.",
+                },
+                "retry_after": {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "Seconds until the caller's slot (0 when admitted): ask "
+                    "again then, with the same holder.",
+                },
+                "now": TIME,
+            },
+        ),
+        "RateStatus": obj(
+            ["name", "rate", "per", "burst", "now", "next_slot", "admitted", "waiters"],
+            {
+                "name": {"type": "string"},
+                "rate": {"type": ["integer", "null"], "minimum": 1},
+                "per": {"type": ["number", "null"]},
+                "burst": {"type": ["integer", "null"], "minimum": 1},
+                "now": TIME,
+                "next_slot": {**TIME, "description": "When the next in line is due."},
+                "admitted": {
+                    "type": "array",
+                    "items": TIME,
+                    "description": "Admission times of the last `per` seconds, in order.",
+                },
+                "waiters": {
+                    "type": "array",
+                    "items": obj(
+                        ["holder", "position", "joined_at", "slot", "due_in"],
+                        {
+                            "holder": {"type": "string"},
+                            "position": {"type": "integer", "minimum": 0},
+                            "joined_at": TIME,
+                            "slot": {**TIME, "description": "When it is due."},
+                            "due_in": {"type": "number", "minimum": 0},
+                        },
+                    ),
+                },
             },
         ),
     }

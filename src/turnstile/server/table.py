@@ -198,6 +198,7 @@ def _typed(spec: Field, value: Any) -> Any:
         "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "boolean": lambda v: isinstance(v, bool),
         "array": lambda v: isinstance(v, list),
+        "object": lambda v: isinstance(v, dict),
     }
     if any(checks[t](value) for t in types):
         return value
@@ -205,7 +206,7 @@ def _typed(spec: Field, value: Any) -> Any:
         raise InvalidArgument(f"{spec.name} must be true or false, got {json_type(value)}")
     wanted = " or ".join(
         {"string": "a string", "number": "a number", "integer": "an integer",
-         "boolean": "true or false", "array": "an array"}[t]
+         "boolean": "true or false", "array": "an array", "object": "an object"}[t]
         for t in sorted(types)
     )
     low, high = spec.schema.get("minimum"), spec.schema.get("maximum")

@@ -1,10 +1,12 @@
 """The SQL functions against the reference state machine (turnstile/_core/lock_machine.py), step for
 step, on a virtual clock: random operations on a few names, the same answers (grants, tokens,
-times, positions, retry_after, status, names) and the same NOTIFY wake-ups, in order, each
-carrying exactly the grant the model made, for the waiting entry the waiter was told of."""
+times, positions, retry_after, status, names, callback deliveries taken and settled) and the
+same NOTIFY wake-ups, in order, each carrying exactly the grant the model made, for the
+waiting entry the waiter was told of (callback waiters are never woken)."""
 
 from __future__ import annotations
 
+import copy
 import random
 import secrets
 import time
@@ -14,7 +16,7 @@ import psycopg
 import pytest
 
 import turnstile
-from turnstile._core import lock_machine
+from turnstile._core import callbacks, lock_machine
 from turnstile.stores.postgres import sql as pg
 
 pytestmark = pytest.mark.postgres
@@ -24,6 +26,11 @@ GRID = 1 / 64  # exact both as a float and in microseconds, so expiry boundaries
 NAMES = ["a", "b:{x}", "c ☃"]
 HOLDERS = ["h1", "h2", "h3", "h4", "h5"]
 TTLS = [0.25, 0.5, 1.0, 2.0, 3.0]
+OUTCOMES = ["delivered", "delivered", "refused", "retry"]
+
+
+def _callback(holder: str, n: int) -> str:
+    return callbacks.encode(callbacks.StepFunctionsCallback(f"task-{holder}-{n}"))
 
 
 class Reference:
@@ -54,9 +61,17 @@ class Reference:
 
     def acquire(self, now: float, name: str, holder: str, **kw: Any) -> Any:
         state = self.states.setdefault(name, lock_machine.NameState(limit=kw["limit"]))
-        result, woken = lock_machine.acquire(
-            state, name=name, holder=holder, now=now, next_token=self._tokens(name, now), **kw
-        )
+        before = copy.deepcopy(state)
+        try:
+            result, woken = lock_machine.acquire(
+                state, name=name, holder=holder, now=now, next_token=self._tokens(name, now), **kw
+            )
+        except turnstile.InvalidArgument:
+            # A refused acquire's transaction is rolled back: not even its purge stays (the
+            # model's purge without the promotion after it would leave a free slot before a
+            # live waiter, which a deliverer's take then acts on in SQL but not in the model).
+            self.states[name] = before
+            raise
         self._settle(name, woken)
         return result
 
@@ -88,6 +103,40 @@ class Reference:
         return lock_machine.renew(
             self.states[name], name=name, holder=holder, token=token, ttl=ttl, now=now
         )
+
+    def take_deliveries(self, now: float, lease: float, max_count: int) -> list[Any]:
+        taken: list[Any] = []
+        for name in list(self.states):
+            state = self.states[name]
+            if not state.has_callbacks or not lock_machine.due(state, now):
+                continue
+            got, woken = lock_machine.take_deliveries(
+                state,
+                name=name,
+                now=now,
+                lease=lease,
+                max_count=max_count - len(taken),
+                next_token=self._tokens(name, now),
+            )
+            taken += got
+            self._settle(name, woken)
+        return taken
+
+    def settle_delivery(
+        self, now: float, name: str, token: int, outcome: str, retry_in: float
+    ) -> bool:
+        if name not in self.states:
+            return False
+        settled, woken = lock_machine.settle_delivery(
+            self.states[name],
+            token=token,
+            outcome=outcome,
+            retry_in=retry_in,
+            now=now,
+            next_token=self._tokens(name, now),
+        )
+        self._settle(name, woken)
+        return settled
 
     def status(self, now: float, name: str) -> Any:
         return lock_machine.status(
@@ -126,14 +175,17 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
     expected: list[tuple[str, int, int, float, float]] = []  # what each wake-up must say
     seen: set[str] = set()  # the sequence must include refusals and changes of limit
     usual = dict.fromkeys(NAMES, 1)
+    taken: list[tuple[str, int]] = []  # deliveries taken: (name, token)
+    unordered: list[tuple[int, int]] = []  # ranges of expected wake-ups of one take
     try:
         for step in range(250):
             clock[0] += GRID * rng.choice([0, 0, 1, 4, 16, 32, 64, 128])
             now = clock[0]
             name, holder = rng.choice(NAMES), rng.choice(HOLDERS)
             op = rng.choices(
-                ["acquire", "set_limit", "release", "renew", "status", "names"],
-                [6, 1, 3, 2, 1, 1],
+                ["acquire", "set_limit", "release", "renew", "status", "names", "callback",
+                 "take", "settle"],
+                [6, 1, 3, 2, 1, 1, 2, 2, 1],
             )[0]
             where = f"seed {seed} step {step}: {op} {name!r} {holder!r} at +{now - T0}"
             if op == "acquire":
@@ -162,6 +214,46 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                     assert (got.wait_id is not None) == (got.position is not None), where
                     if got.wait_id is not None:
                         wait_ids[f"{name}\0{holder}"] = got.wait_id
+                _expect(ref, before, name, wait_ids, expected)
+            elif op == "callback":
+                limit = usual[name] if rng.random() < 0.9 else rng.choice([1, 2, 3])
+                kw = {
+                    "limit": limit,
+                    "ttl": rng.choice(TTLS),
+                    "wait_ttl": rng.choice(TTLS),
+                    "callback": _callback(holder, rng.randrange(2)),
+                }
+                before = len(ref.woken)
+                want = _outcome(ref.acquire, now, name, holder, enqueue=True, **kw)
+                got = _outcome(backend.acquire_callback, name, holder, **kw)
+                assert got == want, where
+                if isinstance(got, str):
+                    continue
+                usual[name] = limit
+                if got.grant is not None:
+                    issued[(name, holder)] = got.grant.token
+                _expect(ref, before, name, wait_ids, expected)
+            elif op == "take":
+                lease = rng.choice(TTLS)
+                before = len(ref.woken)
+                want = sorted(ref.take_deliveries(now, lease, 100), key=_by_grant)
+                got = sorted(backend.take_deliveries(lease=lease, max_count=100), key=_by_grant)
+                assert got == want, where
+                taken += [(d.name, d.token) for d in got]
+                start = len(expected)
+                _expect_any(ref, before, wait_ids, expected)
+                # One transaction: its wake-ups arrive together, names in any order.
+                unordered.append((start, len(expected)))
+            elif op == "settle":
+                if taken and rng.random() < 0.8:
+                    name, token = rng.choice(taken)
+                else:
+                    token = issued.get((name, holder)) or rng.randrange(1, 10**16)
+                outcome, retry_in = rng.choice(OUTCOMES), rng.choice(TTLS)
+                before = len(ref.woken)
+                assert backend.settle_delivery(
+                    name, token, outcome=outcome, retry_in=retry_in
+                ) == ref.settle_delivery(now, name, token, outcome, retry_in), where
                 _expect(ref, before, name, wait_ids, expected)
             elif op == "set_limit":
                 limit = rng.choice([1, 2, 3])
@@ -218,9 +310,15 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                 heard.append(notify.payload)
         for notify in listen.notifies(timeout=0.3):  # an extra one: a spurious wake-up
             heard.append(notify.payload)
-        assert [_parse(p) for p in heard] == expected
+        got_wakeups = [_parse(p) for p in heard]
+        want_wakeups = list(expected)
+        for a, b in unordered:
+            got_wakeups[a:b] = sorted(got_wakeups[a:b])
+            want_wakeups[a:b] = sorted(want_wakeups[a:b])
+        assert got_wakeups == want_wakeups
         assert expected, "the sequence should include hand-overs"
         assert seen == {"refused", "changed", "unchanged"}, seen
+        assert taken, "the sequence should include callback deliveries"
     finally:
         listen.close()
         client.close()
@@ -243,6 +341,23 @@ def _expect(
 ) -> None:
     for key, holder, token, acquired_at, expires_at in ref.woken[before:]:
         seq = wait_ids[f"{name}\0{holder}"]
+        expected.append((key, seq, token, acquired_at, expires_at))
+
+
+def _by_grant(delivery: Any) -> tuple[str, int]:
+    return delivery.name, delivery.token
+
+
+def _expect_any(
+    ref: Reference,
+    before: int,
+    wait_ids: dict[str, int],
+    expected: list[tuple[str, int, int, float, float]],
+) -> None:
+    """Like _expect, for a step over every name (the wake key names the name)."""
+    keys = {pg.wake_key(n, h): n for n in NAMES for h in HOLDERS}
+    for key, holder, token, acquired_at, expires_at in ref.woken[before:]:
+        seq = wait_ids[f"{keys[key]}\0{holder}"]
         expected.append((key, seq, token, acquired_at, expires_at))
 
 

@@ -210,3 +210,38 @@ def test_killed_script_connections_are_retried(
         admin.close()
     assert tokens == sorted(tokens) and len(set(tokens)) == 5
     assert lock.status().holders == ()
+
+
+def test_scripts_run_on_connections_kept_aside(direct: turnstile.Client) -> None:
+    """One caller's scripts reuse one connection kept aside, past the pool (see
+    ``_direct_pool``); callers in many threads each get one, and leave none checked out
+    wrongly: every connection is back in step for the next script."""
+    connection = direct.backend.connection  # type: ignore[attr-defined]
+    assert connection._direct is connection.client.connection_pool
+    lock = direct.lock("aside", ttl=30)
+    for _ in range(20):
+        with lock.acquire(timeout=2):
+            pass
+    assert len(connection._spare) == 1
+    sem = direct.semaphore("aside-threads", limit=3, ttl=30)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(20):
+                with sem.acquire(timeout=10):
+                    pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert 1 <= len(connection._spare) <= 5
+    assert sem.status().holders == ()
+    for _ in range(10):  # each kept-aside connection answers the next script in step
+        with lock.acquire(timeout=2):
+            pass

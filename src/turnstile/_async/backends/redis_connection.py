@@ -24,11 +24,13 @@ from redis.exceptions import (
     ClusterDownError,
     NoScriptError,
     RedisClusterException,
+    ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..._core import forks
 from ...errors import BackendUnavailable
 from ...stores.redis import driver, scripts
 from ...stores.redis.config import RedisConfig
@@ -91,6 +93,36 @@ def make_client(
     return Redis.from_url(config.url, retry=retry if retry is not None else _retry(), **options)
 
 
+def _direct_pool(client: Any) -> Any:
+    """The pool :meth:`AsyncRedisConnection.run` takes its connections from itself, or None
+    (every script then goes through ``client.evalsha``).
+
+    redis-py's command path wraps each command in its retry object and observability hooks,
+    and checks a connection out of its pool under a lock (polling the socket for stray
+    data, except with maintenance notifications on); for the two scripts of an uncontended
+    ``with lock:`` block that costs about as much CPU as their round trips. A connection
+    whose last reply was read in full is in step, so run() keeps such connections aside and
+    sends EVALSHA on them directly: the same connection methods redis-py calls (they connect,
+    reconnect, time out and process RESP3 push messages the same way). Every case it does
+    not cover is left to redis-py: a Cluster, one shared connection, client-side caching,
+    and redis-py's own command metrics when they are enabled."""
+    if isinstance(client, RedisCluster) or getattr(client, "connection", None) is not None:
+        return None
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or getattr(pool, "cache", None) is not None:
+        return None
+    if pool.connection_kwargs.get("cache_config") is not None:
+        return None
+    try:
+        from redis.observability.recorder import is_enabled
+    except ImportError:
+        pass
+    else:
+        if is_enabled():
+            return None
+    return pool
+
+
 class AsyncRedisConnection:
     def __init__(self, config: RedisConfig) -> None:
         self.config = config
@@ -100,6 +132,11 @@ class AsyncRedisConnection:
         self._queues: AsyncRedisQueueBackend | None = None
         # Until when operations keep retrying a server that refuses connections (see run).
         self._away_until: float | None = None
+        # Connections run() took from this pool and keeps aside between scripts, each one
+        # in step (its last reply read in full); see _direct_pool. Per process.
+        self._direct = _direct_pool(self.client)
+        self._spare: list[Any] = []
+        self._generation = forks.generation()
 
     def queues(self) -> AsyncRedisQueueBackend:
         """The queue operations on this server, sharing this connection."""
@@ -157,10 +194,10 @@ class AsyncRedisConnection:
         while True:
             try:
                 try:
-                    reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                    reply = await self._evalsha(script, keys, args)
                 except NoScriptError:
                     await self.client.script_load(script.text)
-                    reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                    reply = await self._evalsha(script, keys, args)
                 self._away_until = None
                 break
             except DRIVER_ERRORS as exc:
@@ -182,6 +219,46 @@ class AsyncRedisConnection:
         if cancellable:
             # redis-py may finish a command although its task was cancelled meanwhile.
             _compat.raise_if_cancelled_since(cancels)
+        return reply
+
+    async def _evalsha(self, script: scripts.Script, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA ``script``, on a connection kept aside when there is one (see
+        :func:`_direct_pool`), else through redis-py's command path."""
+        pool = self._direct
+        if pool is None:
+            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        if self._generation != forks.generation():
+            # A forked child: the connections kept aside are the parent's (its pool starts
+            # afresh by itself). Never used, never closed here.
+            forks.abandon(*self._spare)
+            self._spare = []
+            self._generation = forks.generation()
+        spare = self._spare
+        try:
+            conn = spare.pop()
+        except IndexError:
+            conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(
+                conn.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            )
+            reply = await conn.read_response()
+        except ResponseError:
+            spare.append(conn)  # an error reply, read in full: the connection is in step
+            raise
+        except BaseException as exc:
+            # A broken connection, a timeout, or an interruption in the middle of a command:
+            # redis-py disconnected it (a half-sent command or an unread reply never reaches
+            # a later caller). Back to the pool; a driver failure is then handled as redis-py
+            # handles any: sent again on a connection of the pool, with its retries.
+            await pool.release(conn)
+            if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            raise
+        if conn.should_reconnect():  # a maintenance notification asked: the pool sees to it
+            await pool.release(conn)
+        else:
+            spare.append(conn)
         return reply
 
     async def blpop_then_run(
@@ -245,6 +322,7 @@ class AsyncRedisConnection:
 
     async def close(self) -> None:
         clients = [self.client, self._blocking, *self._blocking_nodes.values()]
+        self._spare = []  # closing the client's pool disconnects them too
         self._blocking = None
         self._blocking_nodes = {}
         for client in clients:

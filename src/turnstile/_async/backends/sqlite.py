@@ -8,8 +8,17 @@ import socket
 import time
 from urllib.parse import SplitResult
 
-from ..._core.records import AcquireResult, Characteristics, Grant, Status
+from ..._core.records import (
+    AcquireResult,
+    CallbackDelivery,
+    Characteristics,
+    Grant,
+    RateResult,
+    RateStatus,
+    Status,
+)
 from ...stores.sqlite.lock_store import SQLiteStore, parse_path
+from ...stores.sqlite.rate_store import SQLiteRates
 from .. import _compat
 from .sqlite_queue import AsyncSQLiteQueueBackend
 
@@ -21,6 +30,7 @@ CHARACTERISTICS = Characteristics(
     woken_by_store=True,
     description="embedded SQLite file: every process on one host (not across hosts or NFS)",
     queues=True,
+    local_deliveries=True,
 )
 
 POLL_MIN = 0.001
@@ -63,6 +73,7 @@ class AsyncSQLiteBackend:
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
         self._queues: AsyncSQLiteQueueBackend | None = None
+        self._rates = SQLiteRates(store)
 
     def queues(self) -> AsyncSQLiteQueueBackend:
         """The queue operations on the same file (``stores/sqlite/queue_store.py``)."""
@@ -76,6 +87,47 @@ class AsyncSQLiteBackend:
         return await _compat.run_blocking(
             self.store.acquire, name, holder, limit, ttl, wait_ttl, enqueue
         )
+
+    async def acquire_callback(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+    ) -> AcquireResult:
+        return await _compat.run_blocking(
+            self.store.acquire, name, holder, limit, ttl, wait_ttl, True, callback
+        )
+
+    async def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
+        return await _compat.run_blocking(self.store.take_deliveries, lease, max_count)
+
+    async def settle_delivery(
+        self, name: str, token: int, *, outcome: str, retry_in: float
+    ) -> bool:
+        return await _compat.run_blocking(
+            self.store.settle_delivery, name, token, outcome, retry_in
+        )
+
+    async def pending_deliveries(self) -> int:
+        return await _compat.run_blocking(self.store.pending_deliveries)
+
+    async def rate_acquire(
+        self,
+        name: str,
+        holder: str,
+        *,
+        rate: int,
+        per: float,
+        burst: int,
+        enqueue: bool,
+        grace: float,
+    ) -> RateResult:
+        return await _compat.run_blocking(
+            self._rates.acquire, name, holder, rate, per, burst, enqueue, grace
+        )
+
+    async def rate_leave(self, name: str, holder: str) -> bool:
+        return await _compat.run_blocking(self._rates.leave, name, holder)
+
+    async def rate_status(self, name: str) -> RateStatus:
+        return await _compat.run_blocking(self._rates.status, name)
 
     async def release(self, name: str, holder: str, token: int | None) -> bool:
         return await _compat.run_blocking(self.store.release, name, holder, token)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ from ..._core.payload import decode_payload, encode_payload
 from ..._core.records import (
     KIND_BYTES,
     AcquireResult,
+    CallbackDelivery,
     Characteristics,
     ClaimResult,
     DeadLetterRow,
@@ -50,6 +52,9 @@ from ..._core.records import (
     NewMessage,
     PutResult,
     QueueStats,
+    RateResult,
+    RateStatus,
+    RateWaiterInfo,
     Status,
     WaiterInfo,
 )
@@ -86,6 +91,7 @@ CHARACTERISTICS = Characteristics(
     description="Turnstile HTTP service",
     queues=True,
     long_poll_gets=True,  # /v1/queues/get waits on the service, woken by its store
+    local_deliveries=False,  # the service runs its own deliverer
 )
 
 # Retrying while the service is away (a restart, an overload): capped exponential backoff
@@ -99,6 +105,12 @@ _NOTHING_DONE = {"overloaded", "shutting_down", None}
 MAX_WAIT_STEP = 24 * 3600.0
 # A long poll answered "not woken" this long before its time was up was ended by the service.
 EARLY = 0.25
+
+_SERVICE_DELIVERS = (
+    "the Turnstile service delivers its own callback grants (turnstile serve runs a "
+    "deliverer over its store): run no deliverer against an http:// URL; run one against "
+    "the service's store instead if the service was started with --no-deliver"
+)
 
 # The limits in a limit_conflict message (turnstile._core.lock_machine.limit_conflict).
 LIMITS_IN_CONFLICT = re.compile(
@@ -399,6 +411,27 @@ def _delivery(message: dict[str, Any]) -> Delivery:
     )
 
 
+def _rate_status(data: dict[str, Any]) -> RateStatus:
+    def optional(value: Any, kind: Callable[[Any], Any]) -> Any:
+        return None if value is None else kind(value)
+
+    return RateStatus(
+        name=data["name"],
+        rate=optional(data["rate"], int),
+        per=optional(data["per"], float),
+        burst=optional(data["burst"], int),
+        waiters=tuple(
+            RateWaiterInfo(
+                w["holder"], int(w["position"]), float(w["joined_at"]), float(w["slot"])
+            )
+            for w in data["waiters"]
+        ),
+        admitted=tuple(float(t) for t in data["admitted"]),
+        next_slot=float(data["next_slot"]),
+        now=float(data["now"]),
+    )
+
+
 class HTTPBackend:
     characteristics = CHARACTERISTICS
 
@@ -566,6 +599,50 @@ class HTTPBackend:
             data.get("retry_after"),
         )
 
+    def acquire_callback(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+    ) -> AcquireResult:
+        # The stored text is the API's JSON form already (_core/callbacks.py).
+        data = _compat.finish_then_cancel(
+            self.call(
+                "POST",
+                "/v1/semaphores/try-acquire",
+                {
+                    "name": name,
+                    "holder": holder,
+                    "limit": limit,
+                    "ttl": ttl,
+                    "wait_ttl": wait_ttl,
+                    "callback": json.loads(callback),
+                },
+                budget=min(self._timeout, wait_ttl),
+            )
+        )
+        lease = data.get("lease")
+        return AcquireResult(
+            _grant(lease) if lease else None,
+            data.get("position"),
+            float(data["now"]),
+            data.get("retry_after"),
+        )
+
+    def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
+        raise NotSupported(_SERVICE_DELIVERS)
+
+    def settle_delivery(
+        self, name: str, token: int, *, outcome: str, retry_in: float
+    ) -> bool:
+        raise NotSupported(_SERVICE_DELIVERS)
+
+    def pending_deliveries(self) -> int:
+        data = self.call("GET", "/v1/deliveries")
+        pending = data.get("pending")
+        if pending is None:
+            raise BackendUnavailable(
+                f"the Turnstile service at {self._shown} cannot count pending deliveries now"
+            )
+        return int(pending)
+
     def release(self, name: str, holder: str, token: int | None) -> bool:
         body: dict[str, Any] = {"name": name, "holder": holder}
         if token is not None:
@@ -597,15 +674,73 @@ class HTTPBackend:
             name=data["name"],
             limit=data["limit"],
             holders=tuple(
-                HolderInfo(h["holder"], int(h["token"]), h["acquired_at"], h["expires_at"])
+                HolderInfo(
+                    h["holder"],
+                    int(h["token"]),
+                    h["acquired_at"],
+                    h["expires_at"],
+                    h.get("callback"),
+                    h.get("delivery"),
+                )
                 for h in data["holders"]
             ),
             waiters=tuple(
-                WaiterInfo(w["holder"], int(w["position"]), w["joined_at"], w["expires_at"])
+                WaiterInfo(
+                    w["holder"],
+                    int(w["position"]),
+                    w["joined_at"],
+                    w["expires_at"],
+                    w.get("callback"),
+                )
                 for w in data["waiters"]
             ),
             now=float(data["now"]),
         )
+
+    def rate_acquire(
+        self,
+        name: str,
+        holder: str,
+        *,
+        rate: int,
+        per: float,
+        burst: int,
+        enqueue: bool,
+        grace: float,
+    ) -> RateResult:
+        # One step: a try-acquire whose place lasts `grace` past its slot. Repeating it is
+        # harmless while the holder waits (it keeps its place); after an admission whose
+        # answer was lost, a repeat joins the line again: a later admission, never more.
+        data = self.call(
+            "POST",
+            "/v1/rates/try-acquire",
+            {
+                "name": name,
+                "holder": holder,
+                "rate": rate,
+                "per": per,
+                "burst": burst,
+                "wait_ttl": grace,
+                "enqueue": enqueue,
+            },
+            # A place in line lapses `grace` after its slot: retrying longer would not keep it.
+            budget=min(self._timeout, grace),
+        )
+        position = data.get("position")
+        return RateResult(
+            bool(data["acquired"]),
+            None if position is None else int(position),
+            float(data["now"]),
+            float(data["retry_after"]),
+        )
+
+    def rate_leave(self, name: str, holder: str) -> bool:
+        data = self.call("POST", "/v1/rates/leave", {"name": name, "holder": holder})
+        return bool(data["left"])
+
+    def rate_status(self, name: str) -> RateStatus:
+        data = self.call("POST", "/v1/rates/status", {"name": name})
+        return _rate_status(data)
 
     def names(self, prefix: str, max_count: int) -> list[str]:
         data = self.call(

@@ -9,8 +9,16 @@ import time
 from collections.abc import Callable
 from urllib.parse import SplitResult
 
-from ..._core import lock_machine
-from ..._core.records import AcquireResult, Characteristics, Grant, Status
+from ..._core import lock_machine, rate_machine
+from ..._core.records import (
+    AcquireResult,
+    CallbackDelivery,
+    Characteristics,
+    Grant,
+    RateResult,
+    RateStatus,
+    Status,
+)
 from .. import _compat
 from .memory_queue import MemoryQueueBackend
 
@@ -22,6 +30,7 @@ CHARACTERISTICS = Characteristics(
     woken_by_store=True,
     description="in-process memory: one process only, nothing stored",
     queues=True,
+    local_deliveries=True,
 )
 
 
@@ -56,6 +65,7 @@ class MemoryBackend:
         self._last_token = 0
         self._events: dict[tuple[str, str], _compat.Event] = {}
         self._queues: MemoryQueueBackend | None = None
+        self._rates: dict[str, rate_machine.RateState] = {}
 
     def queues(self) -> MemoryQueueBackend:
         """The queue operations of this store (see ``memory_queue.py``)."""
@@ -78,21 +88,144 @@ class MemoryBackend:
     def acquire(
         self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
     ) -> AcquireResult:
+        return self._acquire(name, holder, limit, ttl, wait_ttl, enqueue, None)
+
+    def acquire_callback(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+    ) -> AcquireResult:
+        return self._acquire(name, holder, limit, ttl, wait_ttl, True, callback)
+
+    def _acquire(
+        self,
+        name: str,
+        holder: str,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        callback: str | None,
+    ) -> AcquireResult:
         with self._lock:
             state = self._states.setdefault(name, lock_machine.NameState(limit=limit))
-            result, woken = lock_machine.acquire(
+            try:
+                result, woken = lock_machine.acquire(
+                    state,
+                    name=name,
+                    holder=holder,
+                    limit=limit,
+                    ttl=ttl,
+                    wait_ttl=wait_ttl,
+                    enqueue=enqueue,
+                    now=self._clock(),
+                    next_token=self._next_token,
+                    callback=callback,
+                )
+            finally:
+                if state.empty:
+                    self._states.pop(name, None)
+            self._settle(name, state, woken)
+            return result
+
+    def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
+        taken: list[CallbackDelivery] = []
+        with self._lock:
+            now = self._clock()
+            for name, state in list(self._states.items()):
+                if len(taken) >= max_count:
+                    break
+                if not state.has_callbacks or not lock_machine.due(state, now):
+                    continue
+                got, woken = lock_machine.take_deliveries(
+                    state,
+                    name=name,
+                    now=now,
+                    lease=lease,
+                    max_count=max_count - len(taken),
+                    next_token=self._next_token,
+                )
+                taken += got
+                self._settle(name, state, woken)
+        return taken
+
+    def settle_delivery(
+        self, name: str, token: int, *, outcome: str, retry_in: float
+    ) -> bool:
+        with self._lock:
+            state = self._states.get(name)
+            if state is None:
+                return False
+            settled, woken = lock_machine.settle_delivery(
                 state,
-                name=name,
-                holder=holder,
-                limit=limit,
-                ttl=ttl,
-                wait_ttl=wait_ttl,
-                enqueue=enqueue,
+                token=token,
+                outcome=outcome,
+                retry_in=retry_in,
                 now=self._clock(),
                 next_token=self._next_token,
             )
             self._settle(name, state, woken)
+            return settled
+
+    def rate_acquire(
+        self,
+        name: str,
+        holder: str,
+        *,
+        rate: int,
+        per: float,
+        burst: int,
+        enqueue: bool,
+        grace: float,
+    ) -> RateResult:
+        with self._lock:
+            now = self._clock()
+            state = self._rates.get(name) or rate_machine.RateState(rate, per, burst)
+            result = rate_machine.acquire(
+                state,
+                name=name,
+                holder=holder,
+                rate=rate,
+                per=per,
+                burst=burst,
+                enqueue=enqueue,
+                grace=grace,
+                now=now,
+            )
+            self._keep_rate(name, state, now)
             return result
+
+    def rate_leave(self, name: str, holder: str) -> bool:
+        with self._lock:
+            state = self._rates.get(name)
+            if state is None:
+                return False
+            now = self._clock()
+            left = rate_machine.leave(state, holder=holder, now=now)
+            self._keep_rate(name, state, now)
+            return left
+
+    def rate_status(self, name: str) -> RateStatus:
+        with self._lock:
+            now = self._clock()
+            state = self._rates.get(name) or rate_machine.RateState()
+            found = rate_machine.status(state, name=name, now=now)
+            self._keep_rate(name, state, now)
+            return found
+
+    def _keep_rate(self, name: str, state: rate_machine.RateState, now: float) -> None:
+        if state.idle(now):
+            self._rates.pop(name, None)
+        else:
+            self._rates[name] = state
+
+    def pending_deliveries(self) -> int:
+        now = self._clock()
+        with self._lock:
+            return sum(
+                1
+                for state in self._states.values()
+                for h in state.holders.values()
+                if h.pending and h.expires_at > now
+            )
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
         with self._lock:

@@ -28,12 +28,16 @@ from urllib.parse import SplitResult
 import psycopg
 from psycopg import Connection
 
-from ..._core import lock_machine
+from ..._core import callbacks, lock_machine, rate_machine
 from ..._core.records import (
     AcquireResult,
+    CallbackDelivery,
     Characteristics,
     Grant,
     HolderInfo,
+    RateResult,
+    RateStatus,
+    RateWaiterInfo,
     Status,
     WaiterInfo,
 )
@@ -57,6 +61,7 @@ CHARACTERISTICS = Characteristics(
     description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
     cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
     queues=True,
+    local_deliveries=True,
 )
 
 
@@ -150,10 +155,131 @@ class PostgresBackend:
             "acquire",
         )
 
+    def acquire_callback(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+    ) -> AcquireResult:
+        try:
+            row = self._run(
+                self._q["acquire_callback"],
+                {
+                    "name": name,
+                    "holder": holder,
+                    "limit": limit,
+                    "ttl": ttl,
+                    "wait_ttl": wait_ttl,
+                    "now": self._now(),
+                    "callback": callback,
+                },
+                "acquire",
+            )
+        except BackendUnavailable as exc:
+            current = pg.conflicting_limit(exc.__cause__)
+            if current is None:
+                raise
+            raise lock_machine.limit_conflict(name, current, limit) from None
+        granted, token, acquired_at, expires_at, position, now, retry_after = row
+        if granted:
+            return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
+        return AcquireResult(None, position, now, retry_after)
+
+    def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
+        rows = self._run(
+            self._q["take_deliveries"],
+            {"lease": lease, "max_count": max_count, "now": self._now()},
+            "take callback deliveries",
+            many=True,
+        )
+        return [CallbackDelivery(*row) for row in rows]
+
+    def settle_delivery(
+        self, name: str, token: int, *, outcome: str, retry_in: float
+    ) -> bool:
+        if outcome not in lock_machine.OUTCOMES:
+            raise ValueError(f"unknown delivery outcome {outcome!r}")
+        row = self._run(
+            self._q["settle_delivery"],
+            {
+                "name": name,
+                "token": token,
+                "outcome": outcome,
+                "retry_in": retry_in,
+                "now": self._now(),
+            },
+            "settle a callback delivery",
+        )
+        return bool(row[0])
+
+    def pending_deliveries(self) -> int:
+        row = self._run(
+            self._q["pending_deliveries"], {"now": self._now()}, "count pending deliveries"
+        )
+        return int(row[0])
+
     def _wake_channel(self) -> str:
         """The channel a hand-over to a waiter of this client is announced on ('': none); a
         method of the lock backend so that the model-equivalence test can pin it."""
         return self.connection.wake_channel()
+
+    def rate_acquire(
+        self,
+        name: str,
+        holder: str,
+        *,
+        rate: int,
+        per: float,
+        burst: int,
+        enqueue: bool,
+        grace: float,
+    ) -> RateResult:
+        try:
+            row = self._run(
+                self._q["rate_acquire"],
+                {
+                    "name": name,
+                    "holder": holder,
+                    "rate": rate,
+                    "per": per,
+                    "burst": burst,
+                    "enqueue": enqueue,
+                    "grace": grace,
+                    "now": self._now(),
+                },
+                "acquire a rate limit",
+            )
+        except BackendUnavailable as exc:
+            current = pg.conflicting_rate(exc.__cause__)
+            if current is None:
+                raise
+            raise rate_machine.rate_conflict(name, current, (rate, per, burst)) from None
+        admitted, position, now, retry_after, tat = row
+        return RateResult(bool(admitted), position, now, retry_after, tat)
+
+    def rate_leave(self, name: str, holder: str) -> bool:
+        row = self._run(
+            self._q["rate_leave"],
+            {"name": name, "holder": holder, "now": self._now()},
+            "leave the line of a rate limit",
+        )
+        return bool(row[0])
+
+    def rate_status(self, name: str) -> RateStatus:
+        row = self._run(
+            self._q["rate_status"], {"name": name, "now": self._now()}, "read rate limit status"
+        )
+        rate, per, burst, now, next_slot, holders, joined, slots, admitted = row
+        return RateStatus(
+            name=name,
+            rate=rate,
+            per=per,
+            burst=burst,
+            waiters=tuple(
+                RateWaiterInfo(h, i, j, s)
+                for i, (h, j, s) in enumerate(zip(holders, joined, slots, strict=True))
+            ),
+            admitted=tuple(admitted),
+            next_slot=next_slot,
+            now=now,
+        )
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
         row = self._run(
@@ -184,12 +310,19 @@ class PostgresBackend:
 
     def status(self, name: str) -> Status:
         row = self._run(self._q["status"], {"name": name, "now": self._now()}, "read status")
-        limit, now, holders, waiters = row
+        limit, now, holders, waiters, holder_callbacks, waiter_callbacks = row
+        # Callback kinds only: the callback's text (a credential) never leaves the database.
         return Status(
             name=name,
             limit=limit,
-            holders=tuple(HolderInfo(h, t, a, e) for h, t, a, e in holders),
-            waiters=tuple(WaiterInfo(h, i, j, e) for i, (h, j, e) in enumerate(waiters)),
+            holders=tuple(
+                HolderInfo(h, t, a, e, *_holder_callback(cb))
+                for (h, t, a, e), cb in zip(holders, holder_callbacks, strict=True)
+            ),
+            waiters=tuple(
+                WaiterInfo(h, i, j, e, _kind(cb))
+                for i, ((h, j, e), cb) in enumerate(zip(waiters, waiter_callbacks, strict=True))
+            ),
             now=now,
         )
 
@@ -213,6 +346,20 @@ class PostgresBackend:
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _kind(kind: str | None) -> str | None:
+    if kind is None:
+        return None
+    return kind if kind in callbacks.KINDS else "unknown"
+
+
+def _holder_callback(entry: list[Any] | None) -> tuple[str | None, str | None]:
+    """A holder's (callback kind, delivery state) from status's [kind, pending]."""
+    if entry is None:
+        return None, None
+    kind, pending = entry
+    return _kind(kind), callbacks.PENDING if pending else callbacks.DELIVERED
 
 
 def _migrate(conn: Connection[Any], config: pg.PostgresConfig) -> None:

@@ -22,6 +22,8 @@ differs between stores is either
     :class:`~turnstile.NotSupported`);
   - ``long_poll_gets``: a blocking queue get is ``QueueBackend.long_poll`` (the store
     side waits), not ``open_waiter``/``claim``/``wait`` on this side;
+  - ``local_deliveries``: ``take_deliveries``/``settle_delivery`` work here (every store);
+    the HTTP client answers NotSupported, because the service delivers its own callbacks;
 
 * or a method every backend implements, with the documented answer of a store that lacks the
   behaviour (``Waiter.handed`` returns ``None``; ``QueueBackend.long_poll`` and
@@ -38,6 +40,7 @@ from typing import Protocol, runtime_checkable
 
 from ..._core.records import (
     AcquireResult,
+    CallbackDelivery,
     Characteristics,
     ClaimResult,
     DeadLetterRow,
@@ -46,6 +49,8 @@ from ..._core.records import (
     NewMessage,
     PutResult,
     QueueStats,
+    RateResult,
+    RateStatus,
     Status,
 )
 from ...errors import NotSupported
@@ -90,6 +95,53 @@ class Backend(Protocol):
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
         """lock_machine.release, then wake whoever was granted."""
+        ...
+
+    def acquire_callback(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+    ) -> AcquireResult:
+        """lock_machine.acquire with ``callback`` (and ``enqueue``): join or keep a place as a
+        callback waiter; its grant, now or later, carries a pending delivery written in the
+        same atomic step. ``callback`` is the text of ``_core.callbacks.encode``."""
+        ...
+
+    def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
+        """lock_machine.take_deliveries over every name with callbacks that is due
+        (``lock_machine.due``): expiries acted on (granting callback waiters), then up to
+        ``max_count`` pending deliveries claimed for ``lease`` seconds. Atomic per name."""
+        ...
+
+    def settle_delivery(
+        self, name: str, token: int, *, outcome: str, retry_in: float
+    ) -> bool:
+        """lock_machine.settle_delivery, then wake whoever a refusal granted."""
+        ...
+
+    def pending_deliveries(self) -> int:
+        """How many grants wait for their delivery, over the whole store (metrics)."""
+        ...
+
+    def rate_acquire(
+        self,
+        name: str,
+        holder: str,
+        *,
+        rate: int,
+        per: float,
+        burst: int,
+        enqueue: bool,
+        grace: float,
+    ) -> RateResult:
+        """rate_machine.acquire: admit, or join / keep a place in line and answer the slot.
+        Raises ``rate_machine.rate_conflict`` when a busy name has another rate."""
+        ...
+
+    def rate_leave(self, name: str, holder: str) -> bool:
+        """rate_machine.leave: give up a place in line."""
+        ...
+
+    def rate_status(self, name: str) -> RateStatus:
+        """rate_machine.status: the rate, the line with slots, recent admissions."""
         ...
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:

@@ -8,6 +8,14 @@ EVALSHA, so it is atomic and judged by the server's clock (``TIME``). A waiter b
 scripts; the script that hands a grant to a waiter pushes to that waiter's list only, so one
 release wakes one waiter. The keys of one name share a hash tag, so in a Cluster a name lives
 in one slot. See ``docs/redis.md`` for deployment, persistence and the key layout.
+
+Callback grants (``acquire_callback``) are written, with their pending delivery, by the same
+scripts that make any grant. A deliverer finds them through a store-wide index of names with
+callbacks (``lua/lock/index.lua``), which in a Cluster lives in a slot of its own: a step
+that makes a callback grant (or grants anything on a name with callbacks) answers a
+notification, which the client adds to the index right after; the deliverer's take
+reschedules each name it visits no further ahead than ``RECHECK``, so a notification lost
+with a client that died in between delays a delivery by that much at most.
 """
 
 from __future__ import annotations
@@ -20,8 +28,17 @@ from urllib.parse import SplitResult
 
 from redis.cluster import RedisCluster
 
-from ..._core.records import AcquireResult, Characteristics, Grant, Status
-from ...errors import ConfigurationError
+from ..._core import lock_machine
+from ..._core.records import (
+    AcquireResult,
+    CallbackDelivery,
+    Characteristics,
+    Grant,
+    RateResult,
+    RateStatus,
+    Status,
+)
+from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.redis import config as redis_config
 from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
@@ -35,6 +52,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnstile.redis")
 
+# The callback index (lua/lock/index.lua): a notification's score is its step's time less
+# NOTIFY_SHIFT, below any real time (due at once, whatever the clocks of a Cluster's nodes).
+NOTIFY_SHIFT_US = 10**15
+# A take reschedules a name at most this far ahead, so a lost notification (a client that
+# died between a step and its index update) delays a delivery by at most this much.
+RECHECK_US = 2_000_000
+# A name a take found without callbacks stays this long, and goes at the next such take.
+LINGER_US = 2_000_000
+# Names a take_deliveries looks at, at most, per call (the rest stay due for the next).
+DUE_BATCH = 100
 
 
 # One declaration for redis:// and redis+cluster://: they differ only in facts a backend
@@ -48,6 +75,7 @@ CHARACTERISTICS = Characteristics(
     description="Redis",
     keeps_early_wakeups=True,  # a waiter's own list keeps what was pushed before its BLPOP
     queues=True,
+    local_deliveries=True,
 )
 
 
@@ -129,6 +157,9 @@ class RedisWaiter:
             [base, self._name, self._holder, *self._step],
         )
         if isinstance(step, list):
+            score = replies.notify_score(step)
+            if score is not None:
+                backend._notify(self._name, [score])
             backend._prefetched[(self._name, self._holder)] = (
                 self._step,
                 step,
@@ -161,7 +192,9 @@ class RedisBackend:
         # Read once per client; sent as EVALSHA, and loaded (SCRIPT LOAD) only when a server
         # answers NOSCRIPT: on first use, or after a restart or failover emptied its cache.
         self._scripts = scripts.load("lock")
+        self._rate_scripts = scripts.load("rate")
         self._keys = keys.KeyCache(config.prefix)
+        self._index_keys = keys.callback_index_keys(config.prefix)
         # The args of the last acquire step of each (name, holder) that left it waiting, for
         # the waiter opened next (bounded: try_acquire callers never open one).
         self._waiting_steps: dict[tuple[str, str], tuple[int, ...]] = {}
@@ -176,6 +209,29 @@ class RedisBackend:
     def _run(self, op: str, name: str, args: list[Any]) -> Any:
         base, name_keys = self._keys.get(name)
         return self.connection.run(self._scripts[op], name_keys, [base, *args], op)
+
+    def _index(self, args: list[Any]) -> Any:
+        return self.connection.run(
+            self._scripts["index"], self._index_keys, args, "callback index"
+        )
+
+    def _tag(self, name: str) -> str:
+        return keys.tag_of_base(self.config.prefix, self._keys.get(name)[0])
+
+    def _notify(self, name: str, scores: list[str], *, strict: bool = False) -> None:
+        """Put ``name`` in the callback index at each score (index.lua "notify"). A step
+        already done is not undone by a failure here (``strict`` False): the deliverer's
+        recheck finds the name within RECHECK_US all the same."""
+        tag = self._tag(name)
+        args: list[Any] = ["notify"]
+        for score in scores:
+            args += [tag, score]
+        try:
+            self._index(args)
+        except BackendUnavailable as exc:
+            if strict:
+                raise
+            log.debug("callback index update for a step on %r failed: %s", name, exc)
 
     # -- the protocol ------------------------------------------------------------------------
     def acquire(
@@ -201,6 +257,8 @@ class RedisBackend:
                 # answers the same grant, with the store's clock read now.
         reply = self._run("acquire", name, [name, holder, *step])
         result = replies.acquire_result(name, holder, limit, reply)
+        if len(reply) > 7:
+            self._notify(name, [replies.notify_score(reply) or ""])
         if result.grant is None and result.position is not None:
             if len(self._waiting_steps) >= keys.KeyCache.SIZE:
                 self._waiting_steps.clear()
@@ -209,14 +267,118 @@ class RedisBackend:
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
         reply = self._run("release", name, [holder, "" if token is None else str(token)])
+        if isinstance(reply, list):
+            self._notify(name, [replies.notify_score(reply) or ""])
+            reply = reply[0]
         return int(reply) == 1
+
+    def acquire_callback(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+    ) -> AcquireResult:
+        # The name goes into the index before the step (so that a client dying right after
+        # it strands nothing) and again after it (a deliverer may have found no callbacks
+        # in between and be about to drop the entry: the new score makes it keep it).
+        before = int(time.time() * 1_000_000) - NOTIFY_SHIFT_US
+        self._notify(name, [str(before)], strict=True)
+        step = [limit, keys.lease_micros(ttl), keys.lease_micros(wait_ttl), 1, callback]
+        reply = self._run("acquire", name, [name, holder, *step])
+        result = replies.acquire_result(name, holder, limit, reply)
+        score = replies.notify_score(reply)
+        if score is not None:
+            self._notify(name, [score])
+        return result
+
+    def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
+        # One round trip when nothing is due: the index's due entries.
+        due = self._index(["due", DUE_BATCH])
+        taken: list[CallbackDelivery] = []
+        seen: list[Any] = []
+        prefix = self.config.prefix
+        for i in range(0, len(due), 2):
+            if len(taken) >= max_count:
+                break  # the rest stay due for the next call
+            tag = replies.text(due[i])
+            base = keys.tag_base(prefix, tag)
+            reply = self.connection.run(
+                self._scripts["take"],
+                keys.name_keys(base),
+                [base, keys.lease_micros(lease), max_count - len(taken), RECHECK_US],
+                "take",
+            )
+            _now, next_us, got = replies.take_result(reply)
+            taken += got
+            seen += [tag, replies.text(due[i + 1]), next_us]
+        if seen:
+            self._index(["reschedule", LINGER_US, *seen])
+        return taken
+
+    def settle_delivery(
+        self, name: str, token: int, *, outcome: str, retry_in: float
+    ) -> bool:
+        if outcome not in lock_machine.OUTCOMES:
+            raise ValueError(f"unknown delivery outcome {outcome!r}")
+        reply = self._run("settle", name, [str(token), outcome, keys.micros(retry_in)])
+        settled, notify, retry_at = reply
+        scores = [replies.text(notify)] if int(notify) else []
+        if int(retry_at):
+            scores.append(replies.text(retry_at))  # due again then, not at the next recheck
+        if scores:
+            self._notify(name, scores)
+        return int(settled) == 1
+
+    def pending_deliveries(self) -> int:
+        members = self._index(["all"])
+        count = 0
+        for tag in members:
+            base = keys.tag_base(self.config.prefix, replies.text(tag))
+            count += int(
+                self.connection.run(
+                    self._scripts["pending"], keys.name_keys(base), [base], "pending"
+                )
+            )
+        return count
+
+    # -- rate limits (lua/rate/*.lua: keys <prefix>{T}:r:*, see keys.rate_keys) ------------
+    def _run_rate(self, op: str, name: str, args: list[Any]) -> Any:
+        base = self._keys.get(name)[0]
+        return self.connection.run(
+            self._rate_scripts[op], keys.rate_keys(base), args, f"rate limit {op}"
+        )
+
+    def rate_acquire(
+        self,
+        name: str,
+        holder: str,
+        *,
+        rate: int,
+        per: float,
+        burst: int,
+        enqueue: bool,
+        grace: float,
+    ) -> RateResult:
+        # per travels as Python's repr of the float: the script compares a busy name's rate
+        # by that exact text, and Lua reads the same double back from it.
+        per = float(per)
+        args = [name, holder, rate, repr(per), burst, 1 if enqueue else 0, keys.lease_micros(grace)]
+        reply = self._run_rate("acquire", name, args)
+        return replies.rate_result(name, (rate, per, burst), reply)
+
+    def rate_leave(self, name: str, holder: str) -> bool:
+        return int(self._run_rate("leave", name, [name, holder])) == 1
+
+    def rate_status(self, name: str) -> RateStatus:
+        return replies.rate_status_result(name, self._run_rate("status", name, []))
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
         reply = self._run("renew", name, [holder, str(token), keys.lease_micros(ttl)])
         return replies.renew_result(name, holder, reply)
 
     def set_limit(self, name: str, limit: int) -> int | None:
-        previous = int(self._run("set_limit", name, [name, limit]))
+        reply = self._run("set_limit", name, [name, limit])
+        if isinstance(reply, list):
+            self._notify(name, [replies.notify_score(reply) or ""])
+            reply = reply[0]
+        previous = int(reply)
         return None if previous < 0 else previous
 
     def status(self, name: str) -> Status:

@@ -9,8 +9,17 @@ import socket
 import time
 from urllib.parse import SplitResult
 
-from ..._core.records import AcquireResult, Characteristics, Grant, Status
+from ..._core.records import (
+    AcquireResult,
+    CallbackDelivery,
+    Characteristics,
+    Grant,
+    RateResult,
+    RateStatus,
+    Status,
+)
 from ...stores.sqlite.lock_store import SQLiteStore, parse_path
+from ...stores.sqlite.rate_store import SQLiteRates
 from .. import _compat
 from .sqlite_queue import SQLiteQueueBackend
 
@@ -22,6 +31,7 @@ CHARACTERISTICS = Characteristics(
     woken_by_store=True,
     description="embedded SQLite file: every process on one host (not across hosts or NFS)",
     queues=True,
+    local_deliveries=True,
 )
 
 POLL_MIN = 0.001
@@ -64,6 +74,7 @@ class SQLiteBackend:
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
         self._queues: SQLiteQueueBackend | None = None
+        self._rates = SQLiteRates(store)
 
     def queues(self) -> SQLiteQueueBackend:
         """The queue operations on the same file (``stores/sqlite/queue_store.py``)."""
@@ -77,6 +88,47 @@ class SQLiteBackend:
         return _compat.run_blocking(
             self.store.acquire, name, holder, limit, ttl, wait_ttl, enqueue
         )
+
+    def acquire_callback(
+        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+    ) -> AcquireResult:
+        return _compat.run_blocking(
+            self.store.acquire, name, holder, limit, ttl, wait_ttl, True, callback
+        )
+
+    def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
+        return _compat.run_blocking(self.store.take_deliveries, lease, max_count)
+
+    def settle_delivery(
+        self, name: str, token: int, *, outcome: str, retry_in: float
+    ) -> bool:
+        return _compat.run_blocking(
+            self.store.settle_delivery, name, token, outcome, retry_in
+        )
+
+    def pending_deliveries(self) -> int:
+        return _compat.run_blocking(self.store.pending_deliveries)
+
+    def rate_acquire(
+        self,
+        name: str,
+        holder: str,
+        *,
+        rate: int,
+        per: float,
+        burst: int,
+        enqueue: bool,
+        grace: float,
+    ) -> RateResult:
+        return _compat.run_blocking(
+            self._rates.acquire, name, holder, rate, per, burst, enqueue, grace
+        )
+
+    def rate_leave(self, name: str, holder: str) -> bool:
+        return _compat.run_blocking(self._rates.leave, name, holder)
+
+    def rate_status(self, name: str) -> RateStatus:
+        return _compat.run_blocking(self._rates.status, name)
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
         return _compat.run_blocking(self.store.release, name, holder, token)

@@ -23,15 +23,55 @@ FROM __SCHEMA__.renew(%(name)s::text, %(holder)s::text, %(token)s::bigint, %(ttl
 SELECT __SCHEMA__.set_limit(%(name)s::text, %(limit)s::integer, %(now)s::timestamptz)
 
 -- name: status
-SELECT lim, now, holders, waiters FROM __SCHEMA__.status(%(name)s::text, %(now)s::timestamptz)
+SELECT lim, now, holders, waiters, holder_callbacks, waiter_callbacks
+FROM __SCHEMA__.status(%(name)s::text, %(now)s::timestamptz)
 
 -- name: names
 SELECT name FROM __SCHEMA__.names_in_use(%(prefix)s::text, %(max_count)s::integer,
                                          %(now)s::timestamptz) AS name
 
+-- Callback grants (schema version 6). Never relaxed (sql.RELAXABLE): see docs/postgres.md.
+
+-- name: acquire_callback
+SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after
+FROM __SCHEMA__.acquire_callback(%(name)s::text, %(holder)s::text, %(limit)s::integer,
+                                 %(ttl)s::float8, %(wait_ttl)s::float8,
+                                 %(now)s::timestamptz, %(callback)s::text)
+
+-- name: take_deliveries
+SELECT o_name, o_holder, o_token, o_acquired_at, o_expires_at, o_limit, o_callback,
+       o_attempts
+FROM __SCHEMA__.take_deliveries(%(lease)s::float8, %(max_count)s::integer,
+                                %(now)s::timestamptz)
+
+-- name: settle_delivery
+SELECT __SCHEMA__.settle_delivery(%(name)s::text, %(token)s::bigint, %(outcome)s::text,
+                                  %(retry_in)s::float8, %(now)s::timestamptz)
+
+-- name: pending_deliveries
+-- A plain read (the partial index holders_pending): grants whose delivery is pending.
+SELECT count(*) FROM __SCHEMA__.holders h
+WHERE h.pending AND h.expires_at > coalesce(%(now)s::timestamptz, clock_timestamp())
+
+-- Rate limits (schema version 8). rate_acquire and rate_leave may be relaxed (sql.RELAXABLE):
+-- an admission a crash forgot is missing from the count, as a relaxed grant may be.
+
+-- name: rate_acquire
+SELECT admitted, queue_position, now, retry_after, tat
+FROM __SCHEMA__.rate_acquire(%(name)s::text, %(holder)s::text, %(rate)s::integer,
+                             %(per)s::float8, %(burst)s::integer, %(enqueue)s::boolean,
+                             %(grace)s::float8, %(now)s::timestamptz)
+
+-- name: rate_leave
+SELECT __SCHEMA__.rate_leave(%(name)s::text, %(holder)s::text, %(now)s::timestamptz)
+
+-- name: rate_status
+SELECT rate, per, burst, now, next_slot, holders, joined, slots, admitted
+FROM __SCHEMA__.rate_status(%(name)s::text, %(now)s::timestamptz)
+
 -- name: relaxed
--- durability=relaxed: a lock operation (__QUERY__, one of the four above) whose transaction
--- commits without waiting for its WAL to reach disk. set_config(..., true) is local to this
+-- durability=relaxed: a lock or rate-limit operation (__QUERY__, one of sql.RELAXABLE) whose
+-- transaction commits without waiting for its WAL to reach disk. set_config(..., true) is local to this
 -- one autocommit transaction and synchronous_commit is read when it commits; the subquery
 -- in FROM is always evaluated (a volatile function), each side yields one row.
 SELECT op.* FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed,

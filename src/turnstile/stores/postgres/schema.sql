@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 5): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 8): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0005) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0008) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -11,7 +11,7 @@
 -- Every operation is one call of a function below, in its own (autocommit) transaction: it
 -- locks the name's (or queue's) row first (SELECT ... FOR UPDATE), reads the clock after
 -- taking the lock (clock_timestamp()) and follows turnstile/_core/lock_machine.py (queues:
--- queue_machine.py) step for step. Nothing relies on session state, so the functions work
+-- queue_machine.py, rate limits: rate_machine.py) step for step. Nothing relies on session state, so the functions work
 -- through a transaction pooler.
 --
 -- Wake-ups: a lock waiter joins the line naming the channel its client LISTENs on (one
@@ -26,6 +26,16 @@
 -- Entries without a channel (joined through the 7-argument acquire or queue_claim, kept for
 -- clients of an older release during an upgrade) are woken on the schema's channel with the
 -- bare wake key. A channel of '' means the client does not listen (listen=off): no NOTIFY.
+--
+-- Callback grants (version 6): a waiter may wait with a callback (waiters.callback: the JSON
+-- text of turnstile._core.callbacks.encode, a Step Functions task token or an HTTP URL)
+-- instead of a connection. Whichever step grants it (acquire, release, set_limit,
+-- take_deliveries, a refused delivery) writes the grant claimed for the full ttl with a
+-- pending delivery (holders.callback, pending) in the same transaction and NOTIFYs nobody.
+-- A deliverer polls take_deliveries, which acts on the expiries of names with callbacks
+-- (nobody else polls for them) and claims pending deliveries for a lease of its own
+-- (holders.claimed_until, attempts), and settles each with settle_delivery. The callback's
+-- text is a credential: status shows its kind only.
 
 -- == Tables ====================================================================================
 
@@ -59,8 +69,19 @@ CREATE TABLE __SCHEMA__.holders (
     acquired_at timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
     claimed     boolean NOT NULL,
+    -- A callback grant: the callback it is (or was) delivered to; pending until a deliverer
+    -- settles it; claimed_until: the end of a deliverer's claim on the delivery
+    -- (-infinity: nobody's); attempts: the deliverers' takes.
+    callback      text,
+    pending       boolean NOT NULL DEFAULT false,
+    claimed_until timestamptz NOT NULL DEFAULT '-infinity',
+    attempts      integer NOT NULL DEFAULT 0,
     PRIMARY KEY (name_id, holder)
 ) WITH (fillfactor = 70);
+
+-- Pending deliveries by the end of their claim: the deliverer's poll asks for those whose
+-- claim is free (claimed_until <= now), an empty range of an empty index when none is.
+CREATE INDEX holders_pending ON __SCHEMA__.holders (claimed_until) WHERE pending;
 
 -- The line, in arrival order: seq comes from an identity sequence, which never goes back.
 CREATE TABLE __SCHEMA__.waiters (
@@ -73,10 +94,16 @@ CREATE TABLE __SCHEMA__.waiters (
     expires_at  timestamptz NOT NULL,
     channel     text,  -- the waiting client's LISTEN channel ('' none; NULL: the schema's)
     wake        text,  -- its wake key there (wake_key(name, holder))
+    callback    text,  -- a callback waiter: its callback (see the top of this file)
     UNIQUE (name_id, holder)
 );
 
 CREATE INDEX waiters_line ON __SCHEMA__.waiters (name_id, seq);
+
+-- Names with callback waiters. Keyed on name_id only (the predicate column, callback, is
+-- never updated by the lock operations), so a waiter that keeps its place (an UPDATE of
+-- expires_at) is still a HOT update.
+CREATE INDEX waiters_callbacks ON __SCHEMA__.waiters (name_id) WHERE callback IS NOT NULL;
 
 CREATE TABLE __SCHEMA__.queues (
     id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -136,6 +163,49 @@ CREATE TABLE __SCHEMA__.queue_waiters (
     channel    text,  -- the consumer's client's LISTEN channel (NULL: the schema's)
     UNIQUE (queue_id, waiter)
 );
+
+-- Rate limits (version 8; rate_machine.py): one row per rate limit in use, its line and its
+-- recent admissions. Times are epoch seconds (double precision) on the database clock.
+-- A rate limit in use. The row is the name's lock. `waiting` counts the rows of the line
+-- (live or expired, not yet deleted: 0 means the line is empty, so an admission need not
+-- look at it); `recent` counts the rows of rate_admissions; `last_at` is the newest
+-- admission. `quiet_at` is a time after which the name is surely idle if nobody asks
+-- (>= tat, last_at + per and every waiting entry's expiry), raised by at least a minute
+-- whenever it must be, so that most steps leave it (and stay HOT updates).
+CREATE TABLE __SCHEMA__.rates (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- sha256 of the name: names may be up to 4 KiB, longer than a btree entry may be.
+    key       bytea NOT NULL UNIQUE,
+    name      text COLLATE "C" NOT NULL,
+    rate      integer NOT NULL,
+    per       double precision NOT NULL,
+    burst     integer NOT NULL,
+    tat       double precision NOT NULL,
+    last_at   double precision,
+    waiting   integer NOT NULL DEFAULT 0,
+    recent    integer NOT NULL DEFAULT 0,
+    quiet_at  double precision NOT NULL
+) WITH (fillfactor = 70);
+CREATE INDEX rates_quiet ON __SCHEMA__.rates (quiet_at);
+
+-- The line, in arrival order (seq, an identity, never goes back).
+CREATE TABLE __SCHEMA__.rate_waiters (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    rate_id    bigint NOT NULL,
+    holder     text COLLATE "C" NOT NULL,
+    joined_at  double precision NOT NULL,
+    expires_at double precision NOT NULL,
+    UNIQUE (rate_id, holder)
+) WITH (fillfactor = 70);
+CREATE INDEX rate_waiters_line ON __SCHEMA__.rate_waiters (rate_id, seq);
+
+-- Admission times of the last `per` seconds, at most 10000 (rate_machine.MAX_RECENT) per
+-- name: what rate_status shows. Older ones are deleted by the next admission.
+CREATE TABLE __SCHEMA__.rate_admissions (
+    rate_id bigint NOT NULL,
+    at      double precision NOT NULL
+);
+CREATE INDEX rate_admissions_by_time ON __SCHEMA__.rate_admissions (rate_id, at);
 
 -- == Locks ======================================================================================
 
@@ -199,10 +269,8 @@ BEGIN
 END
 $$;
 
--- lock_machine.promote on others' behalf, as in version 1, plus: the wake-up goes to the waiter's
--- own channel with the grant in it (see above); p_holders, when the caller already knows how
--- many holders are left, saves counting them; and an expired entry met at the front is
--- dropped and skipped, so a caller need not sweep the whole line first (release does not).
+-- lock_machine.promote, as in version 3, plus callback waiters: granted claimed for their
+-- full ttl with a pending delivery (claimed_until -infinity: nobody's claim), never woken.
 CREATE FUNCTION __SCHEMA__._promote(
     p_id bigint, p_name text, p_limit integer, p_now timestamptz, p_last bigint,
     p_quiet text, p_holders integer DEFAULT NULL, OUT o_last bigint, OUT o_holders integer)
@@ -221,10 +289,21 @@ BEGIN
         DELETE FROM __SCHEMA__.waiters d
         WHERE d.seq = (SELECT f.seq FROM __SCHEMA__.waiters f WHERE f.name_id = p_id
                        ORDER BY f.seq LIMIT 1)
-        RETURNING d.seq, d.holder, d.ttl, d.wait_ttl, d.expires_at, d.channel, d.wake INTO w;
+        RETURNING d.seq, d.holder, d.ttl, d.wait_ttl, d.expires_at, d.channel, d.wake,
+                  d.callback INTO w;
         EXIT WHEN NOT FOUND;
         CONTINUE WHEN w.expires_at <= p_now;
         o_last := greatest(o_last + 1, floor(extract(epoch FROM p_now) * 1000000)::bigint);
+        o_holders := o_holders + 1;
+        IF w.callback IS NOT NULL THEN
+            -- Nobody to wake and nobody to claim it: claimed for its full ttl, its delivery
+            -- pending, in this very transaction.
+            INSERT INTO __SCHEMA__.holders
+                (name_id, holder, token, acquired_at, expires_at, claimed, callback, pending)
+            VALUES (p_id, w.holder, o_last, p_now, p_now + w.ttl * interval '1 second', true,
+                    w.callback, true);
+            CONTINUE;
+        END IF;
         v_exp := p_now + least(w.ttl, w.wait_ttl) * interval '1 second';
         -- A holder is never also waiting (acquire returns early for a holder), so this
         -- insert cannot conflict.
@@ -238,7 +317,6 @@ BEGIN
                     extract(epoch FROM p_now), extract(epoch FROM v_exp)));
             END IF;
         END IF;
-        o_holders := o_holders + 1;
     END LOOP;
 END
 $$;
@@ -294,6 +372,30 @@ DECLARE
     v_mine boolean;
     v_lim integer;
 BEGIN
+    -- Fastest path, an idle name (idle_since set: no holders and nobody in line, which every
+    -- step keeps true under the row lock): the row locked and the caller granted in one
+    -- statement. The UPDATE waits for the row lock and checks idle_since again on the row as
+    -- it is then; the clock is read after the lock (the token in SET, the times in RETURNING).
+    WITH g AS (
+        UPDATE __SCHEMA__.names n
+        SET last_token = greatest(n.last_token + 1, floor(extract(epoch FROM
+                coalesce(p_now, clock_timestamp())) * 1000000)::bigint),
+            lim = p_limit, idle_since = NULL
+        WHERE n.key = sha256(convert_to(p_name, 'UTF8')) AND n.idle_since IS NOT NULL
+        RETURNING n.id, n.last_token, coalesce(p_now, clock_timestamp()) AS t)
+    INSERT INTO __SCHEMA__.holders AS h
+        (name_id, holder, token, acquired_at, expires_at, claimed)
+    SELECT g.id, p_holder, g.last_token, g.t, g.t + p_ttl * interval '1 second', true FROM g
+    RETURNING h.token, h.acquired_at, h.expires_at INTO v_token, v_acq, v_exp;
+    IF FOUND THEN
+        granted := true;
+        token := v_token;
+        now := extract(epoch FROM v_acq);
+        acquired_at := now;
+        expires_at := extract(epoch FROM v_exp);
+        RETURN;
+    END IF;
+
     SELECT n.id, n.last_token, n.lim INTO v_id, v_last, v_lim
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
     FOR UPDATE;
@@ -453,6 +555,7 @@ DECLARE
     v_mine integer;
     v_waiting integer := 0;
     v_holders integer;
+    v_line boolean;
 BEGIN
     -- A row deleted meanwhile by _forget_idle is skipped: the name is idle, nothing to do.
     SELECT n.id, n.lim, n.last_token INTO v_id, v_lim, v_last
@@ -462,19 +565,43 @@ BEGIN
         RETURN false;
     END IF;
     v_now := coalesce(p_now, clock_timestamp());
-    -- Expired leases go; ours (with p_token, if given) too, and counts as released only if
-    -- it had not expired. The outer count sees the rows as they were before the DELETE.
-    WITH gone AS (
-        DELETE FROM __SCHEMA__.holders h
-        WHERE h.name_id = v_id
-          AND (h.expires_at <= v_now
-               OR (h.holder = p_holder AND (p_token IS NULL OR h.token = p_token)))
-        RETURNING h.holder, h.expires_at)
-    SELECT count(*) FILTER (WHERE g.holder = p_holder AND g.expires_at > v_now),
-           (SELECT count(*) FROM __SCHEMA__.holders h WHERE h.name_id = v_id) - count(*)
-    INTO v_mine, v_holders FROM gone g;
-    IF p_token IS NULL THEN
-        -- Without a token, our own place in line goes too (if it had not expired).
+    IF p_token IS NOT NULL THEN
+        -- The common case, in one statement: expired leases and ours (counted as released
+        -- only if it had not expired) dropped, the holders left counted (the outer count
+        -- sees the rows as they were before the DELETE), and, when nobody is in line, the
+        -- name's idleness written as the promotion below would find it (it has nobody to
+        -- promote); with a line, on to the promotion.
+        WITH gone AS (
+            DELETE FROM __SCHEMA__.holders h
+            WHERE h.name_id = v_id
+              AND (h.expires_at <= v_now OR (h.holder = p_holder AND h.token = p_token))
+            RETURNING h.holder, h.expires_at),
+        c AS (
+            SELECT count(*) FILTER (WHERE g.holder = p_holder AND g.expires_at > v_now) AS mine,
+                   (SELECT count(*) FROM __SCHEMA__.holders h WHERE h.name_id = v_id)
+                   - count(*) AS left_,
+                   EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) AS line
+            FROM gone g),
+        idle AS (
+            UPDATE __SCHEMA__.names n
+            SET idle_since = CASE WHEN c.left_ = 0 THEN coalesce(n.idle_since, v_now) END
+            FROM c
+            WHERE n.id = v_id AND NOT c.line AND (n.idle_since IS NULL) = (c.left_ = 0)
+            RETURNING 1)
+        SELECT c.mine, c.left_, c.line INTO v_mine, v_holders, v_line FROM c;
+        IF NOT v_line THEN
+            RETURN v_mine > 0;
+        END IF;
+    ELSE
+        -- Without a token: expired leases go, ours too (counted as released only if it had
+        -- not expired), and our own place in line (if it had not expired).
+        WITH gone AS (
+            DELETE FROM __SCHEMA__.holders h
+            WHERE h.name_id = v_id AND (h.expires_at <= v_now OR h.holder = p_holder)
+            RETURNING h.holder, h.expires_at)
+        SELECT count(*) FILTER (WHERE g.holder = p_holder AND g.expires_at > v_now),
+               (SELECT count(*) FROM __SCHEMA__.holders h WHERE h.name_id = v_id) - count(*)
+        INTO v_mine, v_holders FROM gone g;
         DELETE FROM __SCHEMA__.waiters w
         WHERE w.name_id = v_id AND w.holder = p_holder AND w.expires_at > v_now;
         GET DIAGNOSTICS v_waiting = ROW_COUNT;
@@ -559,11 +686,238 @@ BEGIN
 END
 $$;
 
--- lock_machine.status: a consistent snapshot (STABLE: one snapshot for the whole call).
--- lim is NULL when the name has no rows at all.
+-- lock_machine.acquire with a callback (always enqueue): the acquire above, with no wake
+-- channel (''), then, in the same transaction and under the name's row lock that it took,
+-- the callback recorded: on the caller's waiting entry, or, if it holds, on its grant,
+-- whose delivery becomes pending unless it was already for this very callback (an ask
+-- repeated is harmless; a new callback gets the current grant delivered there).
+CREATE FUNCTION __SCHEMA__.acquire_callback(
+    p_name text, p_holder text, p_limit integer, p_ttl double precision,
+    p_wait_ttl double precision, p_now timestamptz, p_callback text,
+    OUT granted boolean, OUT token bigint, OUT acquired_at double precision,
+    OUT expires_at double precision, OUT queue_position integer, OUT now double precision,
+    OUT retry_after double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF p_callback IS NULL OR p_callback = '' THEN
+        RAISE EXCEPTION 'turnstile: acquire_callback needs a callback'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT a.granted, a.token, a.acquired_at, a.expires_at, a.queue_position, a.now,
+           a.retry_after
+    INTO granted, token, acquired_at, expires_at, queue_position, now, retry_after
+    FROM __SCHEMA__.acquire(p_name, p_holder, p_limit, p_ttl, p_wait_ttl, true, p_now,
+                            ''::text, NULL::text) a;
+    SELECT n.id INTO v_id
+    FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'));
+    IF granted THEN
+        UPDATE __SCHEMA__.holders h
+        SET callback = p_callback, pending = true, claimed_until = '-infinity', attempts = 0
+        WHERE h.name_id = v_id AND h.holder = p_holder
+          AND h.callback IS DISTINCT FROM p_callback;
+    ELSE
+        UPDATE __SCHEMA__.waiters w SET callback = p_callback
+        WHERE w.name_id = v_id AND w.holder = p_holder
+          AND w.callback IS DISTINCT FROM p_callback;
+    END IF;
+END
+$$;
+
+-- lock_machine.due and take_deliveries on one name whose row the caller has locked: drop
+-- what expired (an undelivered grant with it), grant what that freed (callback waiters
+-- with a pending delivery, others woken), claim up to p_max pending deliveries whose claim
+-- is free for p_lease seconds, oldest grant first. Nothing at all unless the name has
+-- callbacks (a callback waiter or a pending delivery) and something is due.
+CREATE FUNCTION __SCHEMA__._take_name(
+    p_id bigint, p_name text, p_lim integer, p_last bigint, p_lease double precision,
+    p_max integer, p_now timestamptz)
+RETURNS TABLE (o_holder text, o_token bigint, o_acquired_at double precision,
+               o_expires_at double precision, o_callback text, o_attempts integer)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_last bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
+                   WHERE w.name_id = p_id AND w.callback IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.holders h
+                       WHERE h.name_id = p_id AND h.pending) THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.holders h
+                   WHERE h.name_id = p_id
+                     AND (h.expires_at <= p_now OR (h.pending AND h.claimed_until <= p_now)))
+       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
+                       WHERE w.name_id = p_id AND w.expires_at <= p_now) THEN
+        RETURN;
+    END IF;
+    DELETE FROM __SCHEMA__.holders h WHERE h.name_id = p_id AND h.expires_at <= p_now;
+    DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = p_id AND w.expires_at <= p_now;
+    SELECT p.o_last INTO v_last
+    FROM __SCHEMA__._promote(p_id, p_name, p_lim, p_now, p_last, NULL) p;
+    PERFORM __SCHEMA__._settle(p_id, p_now, v_last, p_lim);
+    IF p_max <= 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH taken AS (
+        UPDATE __SCHEMA__.holders h
+        SET claimed_until = p_now + p_lease * interval '1 second', attempts = h.attempts + 1
+        WHERE h.name_id = p_id
+          AND h.holder IN (SELECT c.holder FROM __SCHEMA__.holders c
+                           WHERE c.name_id = p_id AND c.pending AND c.claimed_until <= p_now
+                           ORDER BY c.token LIMIT p_max)
+        RETURNING h.holder, h.token, h.acquired_at, h.expires_at, h.callback, h.attempts)
+    SELECT k.holder, k.token, extract(epoch FROM k.acquired_at)::float8,
+           extract(epoch FROM k.expires_at)::float8, k.callback, k.attempts
+    FROM taken k ORDER BY k.token;
+END
+$$;
+
+-- A deliverer's poll (lock_machine.take_deliveries over every name of the schema): the
+-- names that may be due are found from the two partial indexes (names with callback
+-- waiters, pending deliveries), so a poll with nothing due reads a few index entries and
+-- writes nothing. Each candidate's row is locked as every operation locks it, skipping one
+-- another transaction holds (a concurrent deliverer, a busy name: the next poll takes it),
+-- and checked again under the lock: two deliverers never claim the same delivery. Names
+-- where an expiry is due come first, then by their oldest claimable delivery. The row
+-- locks are held to the end of this transaction (one statement, autocommit), so a poll
+-- does a bounded amount: every name where an expiry is due, and up to p_max deliveries.
+CREATE FUNCTION __SCHEMA__.take_deliveries(
+    p_lease double precision, p_max integer, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (o_name text, o_holder text, o_token bigint, o_acquired_at double precision,
+               o_expires_at double precision, o_limit integer, o_callback text,
+               o_attempts integer)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    c record;
+    n record;
+    t record;
+    v_taken integer := 0;
+BEGIN
+    FOR c IN
+        WITH RECURSIVE waiting(name_id) AS (
+            -- distinct names with callback waiters, one index probe each
+            (SELECT w.name_id FROM __SCHEMA__.waiters w WHERE w.callback IS NOT NULL
+             ORDER BY w.name_id LIMIT 1)
+            UNION ALL
+            SELECT (SELECT w.name_id FROM __SCHEMA__.waiters w
+                    WHERE w.callback IS NOT NULL AND w.name_id > s.name_id
+                    ORDER BY w.name_id LIMIT 1)
+            FROM waiting s WHERE s.name_id IS NOT NULL),
+        pending AS (
+            SELECT h.name_id, min(h.token) FILTER (WHERE h.claimed_until <= v_now) AS first
+            FROM __SCHEMA__.holders h WHERE h.pending
+            GROUP BY h.name_id),
+        candidates AS (
+            SELECT coalesce(p.name_id, s.name_id) AS name_id, p.first
+            FROM (SELECT s.name_id FROM waiting s WHERE s.name_id IS NOT NULL) s
+            FULL JOIN pending p ON p.name_id = s.name_id)
+        SELECT d.name_id, d.first,
+               EXISTS (SELECT 1 FROM __SCHEMA__.holders h
+                       WHERE h.name_id = d.name_id AND h.expires_at <= v_now) AS expired
+        FROM candidates d
+        ORDER BY 3 DESC, d.first NULLS LAST
+    LOOP
+        CONTINUE WHEN NOT c.expired AND (c.first IS NULL OR v_taken >= p_max);
+        SELECT k.id, k.name, k.lim, k.last_token INTO n
+        FROM __SCHEMA__.names k WHERE k.id = c.name_id
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        v_now := coalesce(p_now, clock_timestamp());  -- read after the lock, as everywhere
+        FOR t IN
+            SELECT * FROM __SCHEMA__._take_name(n.id, n.name, n.lim, n.last_token, p_lease,
+                                                p_max - v_taken, v_now)
+        LOOP
+            v_taken := v_taken + 1;
+            o_name := n.name;
+            o_holder := t.o_holder;
+            o_token := t.o_token;
+            o_acquired_at := t.o_acquired_at;
+            o_expires_at := t.o_expires_at;
+            o_limit := n.lim;
+            o_callback := t.o_callback;
+            o_attempts := t.o_attempts;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+-- lock_machine.settle_delivery: the pending delivery of grant p_token on p_name, settled
+-- as delivered (done), refused (the grant released and the next in line granted, and woken,
+-- in this transaction) or retry (its claim freed p_retry_in seconds from now). False,
+-- changing nothing, when the grant is gone or was settled already.
+CREATE FUNCTION __SCHEMA__.settle_delivery(
+    p_name text, p_token bigint, p_outcome text, p_retry_in double precision,
+    p_now timestamptz DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_lim integer;
+    v_last bigint;
+    v_now timestamptz;
+    v_count integer;
+BEGIN
+    IF p_outcome NOT IN ('delivered', 'refused', 'retry') THEN
+        RAISE EXCEPTION 'turnstile: unknown delivery outcome %', p_outcome
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT n.id, n.lim, n.last_token INTO v_id, v_lim, v_last
+    FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_now := coalesce(p_now, clock_timestamp());
+    DELETE FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at <= v_now;
+    DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
+    IF p_outcome = 'delivered' THEN
+        UPDATE __SCHEMA__.holders h SET pending = false, claimed_until = '-infinity'
+        WHERE h.name_id = v_id AND h.token = p_token AND h.pending;
+    ELSIF p_outcome = 'refused' THEN
+        DELETE FROM __SCHEMA__.holders h
+        WHERE h.name_id = v_id AND h.token = p_token AND h.pending;
+    ELSE
+        UPDATE __SCHEMA__.holders h
+        SET claimed_until = v_now + p_retry_in * interval '1 second'
+        WHERE h.name_id = v_id AND h.token = p_token AND h.pending;
+    END IF;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    SELECT p.o_last INTO v_last
+    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL) p;
+    PERFORM __SCHEMA__._settle(v_id, v_now, v_last, v_lim);
+    RETURN v_count > 0;
+END
+$$;
+
+-- The kind of a stored callback ("sfn", "http"; "unknown" for text that is not what
+-- callbacks.encode makes), read off its start without parsing it: never its text.
+CREATE FUNCTION __SCHEMA__._callback_kind(p_callback text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_callback IS NULL THEN NULL
+                ELSE coalesce(substring(p_callback FROM '^\{"kind":"(sfn|http)",'), 'unknown')
+           END
+$$;
+
+-- lock_machine.status, as in version 1, plus the callbacks' kinds (never their text, a
+-- credential): holder_callbacks has one entry per entry of holders, in the same order,
+-- NULL or [kind, pending]; waiter_callbacks likewise NULL or the kind.
 CREATE FUNCTION __SCHEMA__.status(
     p_name text, p_now timestamptz DEFAULT NULL,
-    OUT lim integer, OUT now double precision, OUT holders json, OUT waiters json)
+    OUT lim integer, OUT now double precision, OUT holders json, OUT waiters json,
+    OUT holder_callbacks json, OUT waiter_callbacks json)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -575,6 +929,8 @@ BEGIN
     now := extract(epoch FROM v_now);
     holders := '[]';
     waiters := '[]';
+    holder_callbacks := '[]';
+    waiter_callbacks := '[]';
     SELECT n.id, n.lim INTO v_id, v_lim
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'));
     IF NOT FOUND THEN
@@ -586,13 +942,18 @@ BEGIN
     END IF;
     SELECT coalesce(json_agg(json_build_array(h.holder, h.token, extract(epoch FROM h.acquired_at),
                                               extract(epoch FROM h.expires_at))
+                             ORDER BY h.token), '[]'),
+           coalesce(json_agg(CASE WHEN h.callback IS NOT NULL THEN
+                                 json_build_array(__SCHEMA__._callback_kind(h.callback),
+                                                  h.pending) END
                              ORDER BY h.token), '[]')
-    INTO holders
+    INTO holders, holder_callbacks
     FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at > v_now;
     SELECT coalesce(json_agg(json_build_array(w.holder, extract(epoch FROM w.joined_at),
                                               extract(epoch FROM w.expires_at))
-                             ORDER BY w.seq), '[]')
-    INTO waiters
+                             ORDER BY w.seq), '[]'),
+           coalesce(json_agg(__SCHEMA__._callback_kind(w.callback) ORDER BY w.seq), '[]')
+    INTO waiters, waiter_callbacks
     FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at > v_now;
 END
 $$;
@@ -1022,5 +1383,293 @@ BEGIN
     WHERE w.queue_id = (SELECT q.id FROM __SCHEMA__.queues q
                         WHERE q.key = sha256(convert_to(p_name, 'UTF8')))
       AND w.waiter = p_waiter;
+END
+$$;
+
+-- == Rate limits ===============================================================================
+
+-- Forget a few rate limits surely idle but p_keep's (bounded work, never waits for a lock).
+CREATE FUNCTION __SCHEMA__._rate_forget_idle(p_now double precision, p_keep bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    WITH gone AS (
+        DELETE FROM __SCHEMA__.rates r
+        WHERE r.id IN (SELECT i.id FROM __SCHEMA__.rates i
+                       WHERE i.quiet_at < p_now AND i.id <> p_keep
+                       ORDER BY i.quiet_at
+                       LIMIT 4
+                       FOR UPDATE SKIP LOCKED)
+        RETURNING r.id),
+    line AS (
+        DELETE FROM __SCHEMA__.rate_waiters w USING gone g WHERE w.rate_id = g.id)
+    DELETE FROM __SCHEMA__.rate_admissions a USING gone g WHERE a.rate_id = g.id;
+END
+$$;
+
+-- rate_machine.acquire: admit (admitted), or join / keep a place in line (queue_position,
+-- 0 = next; NULL with p_enqueue false: not joined) and answer retry_after, the seconds
+-- until the caller's slot. tat: the name's tat after the step. p_grace: how long the
+-- caller's place lasts past its slot. p_now: a virtual clock (tests), else the database's.
+-- An admission with nobody in line is two statements: the row lock, and one statement
+-- that trims old admissions, records this one and writes the row.
+CREATE FUNCTION __SCHEMA__.rate_acquire(
+    p_name text, p_holder text, p_rate integer, p_per double precision, p_burst integer,
+    p_enqueue boolean, p_grace double precision, p_now timestamptz,
+    OUT admitted boolean, OUT queue_position integer, OUT now double precision,
+    OUT retry_after double precision, OUT tat double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key bytea := sha256(convert_to(p_name, 'UTF8'));
+    v_id bigint;
+    v_rate integer;
+    v_per double precision;
+    v_burst integer;
+    v_tat double precision;
+    v_last double precision;
+    v_waiting integer;
+    v_recent integer;
+    v_quiet double precision;
+    v_live integer := 0;
+    v_index integer;
+    v_seq bigint;
+    v_interval double precision;
+    v_tolerance double precision;
+    v_due double precision;
+    v_exp double precision;
+    v_need double precision;
+    v_raise boolean;
+    v_cutoff double precision;
+BEGIN
+    SELECT r.id, r.rate, r.per, r.burst, r.tat, r.last_at, r.waiting, r.recent, r.quiet_at
+    INTO v_id, v_rate, v_per, v_burst, v_tat, v_last, v_waiting, v_recent, v_quiet
+    FROM __SCHEMA__.rates r WHERE r.key = v_key
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        -- A new name (or one made idle and forgotten right now): make its row. A concurrent
+        -- first acquire may make it first; then lock that one.
+        FOR attempt IN 1..50 LOOP
+            INSERT INTO __SCHEMA__.rates AS r (key, name, rate, per, burst, tat, quiet_at)
+            VALUES (v_key, p_name, p_rate, p_per, p_burst, 0, 0)
+            ON CONFLICT DO NOTHING
+            RETURNING r.id, r.rate, r.per, r.burst, r.tat, r.last_at, r.waiting, r.recent,
+                      r.quiet_at
+            INTO v_id, v_rate, v_per, v_burst, v_tat, v_last, v_waiting, v_recent, v_quiet;
+            IF FOUND THEN
+                PERFORM __SCHEMA__._rate_forget_idle(
+                    extract(epoch FROM coalesce(p_now, clock_timestamp())), v_id);
+                EXIT;
+            END IF;
+            SELECT r.id, r.rate, r.per, r.burst, r.tat, r.last_at, r.waiting, r.recent,
+                   r.quiet_at
+            INTO v_id, v_rate, v_per, v_burst, v_tat, v_last, v_waiting, v_recent, v_quiet
+            FROM __SCHEMA__.rates r WHERE r.key = v_key
+            FOR UPDATE;
+            EXIT WHEN FOUND;
+        END LOOP;
+        IF v_id IS NULL THEN
+            RAISE EXCEPTION 'turnstile: could not lock the row of a rate limit'
+                USING ERRCODE = '55P03';
+        END IF;
+    END IF;
+    now := extract(epoch FROM coalesce(p_now, clock_timestamp()));
+
+    -- purge: expired places go; the live line, and our place in it (none when the line has
+    -- no rows at all: nothing to read).
+    IF v_waiting > 0 THEN
+        WITH gone AS (
+            DELETE FROM __SCHEMA__.rate_waiters w
+            WHERE w.rate_id = v_id AND w.expires_at <= now),
+        line AS (
+            SELECT w.seq, w.holder, (row_number() OVER (ORDER BY w.seq) - 1)::integer AS pos
+            FROM __SCHEMA__.rate_waiters w
+            WHERE w.rate_id = v_id AND w.expires_at > now)
+        SELECT count(*)::integer, max(l.pos) FILTER (WHERE l.holder = p_holder),
+               max(l.seq) FILTER (WHERE l.holder = p_holder)
+        INTO v_live, v_index, v_seq
+        FROM line l;
+    END IF;
+
+    -- One rate per busy name; an idle one (or one with nobody in line and tat past) takes
+    -- the caller's.
+    v_cutoff := now - v_per;  -- purge by the rate the admissions were made under
+    IF v_live = 0 AND v_tat <= now THEN
+        v_rate := p_rate;
+        v_per := p_per;
+        v_burst := p_burst;
+    ELSIF (v_rate, v_per, v_burst) IS DISTINCT FROM (p_rate, p_per, p_burst) THEN
+        RAISE EXCEPTION 'turnstile: rate limit % is in use with another rate', p_name
+            USING ERRCODE = 'TSL02', DETAIL = format('%s %s %s', v_rate, v_per, v_burst);
+    END IF;
+    v_interval := v_per / v_rate;
+    v_tolerance := (v_burst - 1) * v_interval;
+    admitted := false;
+
+    IF now >= v_tat - v_tolerance AND (v_index = 0 OR (v_index IS NULL AND v_live = 0)) THEN
+        IF v_index = 0 THEN
+            DELETE FROM __SCHEMA__.rate_waiters w WHERE w.seq = v_seq;
+            v_live := v_live - 1;
+        END IF;
+        v_tat := greatest(v_tat, now) + v_interval;
+        admitted := true;
+        retry_after := 0;
+    ELSE
+        IF v_index IS NULL AND NOT p_enqueue THEN
+            retry_after := greatest(now, v_tat - v_tolerance) + v_live * v_interval - now;
+        ELSE
+            v_due := greatest(now, v_tat - v_tolerance)
+                     + coalesce(v_index, v_live) * v_interval;
+            v_exp := v_due + p_grace;
+            IF v_index IS NULL THEN
+                INSERT INTO __SCHEMA__.rate_waiters (rate_id, holder, joined_at, expires_at)
+                VALUES (v_id, p_holder, now, v_exp);
+                v_index := v_live;
+                v_live := v_live + 1;
+            ELSE
+                UPDATE __SCHEMA__.rate_waiters w SET expires_at = v_exp WHERE w.seq = v_seq;
+            END IF;
+            queue_position := v_index;
+            retry_after := greatest(0, v_due - now);
+        END IF;
+    END IF;
+    tat := v_tat;
+
+    -- Write back. quiet_at is raised (by a minute more than needed) only when it must be.
+    v_need := greatest(v_tat, v_exp, CASE WHEN admitted THEN now ELSE v_last END + v_per);
+    v_raise := v_need > v_quiet;
+    IF v_raise THEN
+        v_quiet := v_need + greatest(v_per, 60);
+    END IF;
+    IF admitted THEN
+        -- rate_machine.purge of the admissions, then this one recorded.
+        WITH gone AS (
+            DELETE FROM __SCHEMA__.rate_admissions a
+            WHERE a.rate_id = v_id AND a.at <= v_cutoff
+            RETURNING 1),
+        added AS (
+            INSERT INTO __SCHEMA__.rate_admissions (rate_id, at) VALUES (v_id, now))
+        UPDATE __SCHEMA__.rates r
+        SET rate = p_rate, per = p_per, burst = p_burst, tat = v_tat, last_at = now,
+            waiting = v_live, recent = r.recent + 1 - (SELECT count(*) FROM gone),
+            quiet_at = v_quiet
+        WHERE r.id = v_id
+        RETURNING r.recent INTO v_recent;
+        IF v_recent > 10000 THEN  -- rate_machine.MAX_RECENT: the oldest go
+            DELETE FROM __SCHEMA__.rate_admissions a
+            WHERE a.ctid IN (SELECT o.ctid FROM __SCHEMA__.rate_admissions o
+                             WHERE o.rate_id = v_id ORDER BY o.at LIMIT v_recent - 10000);
+            UPDATE __SCHEMA__.rates r SET recent = 10000 WHERE r.id = v_id;
+        END IF;
+    ELSIF v_live <> v_waiting OR v_raise THEN
+        UPDATE __SCHEMA__.rates r SET waiting = v_live, quiet_at = v_quiet WHERE r.id = v_id;
+    END IF;
+END
+$$;
+
+-- rate_machine.leave: give up a place in line (a caller that timed out); false if it had
+-- none (or only an expired one). A name this leaves idle keeps no rows.
+CREATE FUNCTION __SCHEMA__.rate_leave(p_name text, p_holder text, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_per double precision;
+    v_tat double precision;
+    v_last double precision;
+    v_waiting integer;
+    v_now double precision;
+    v_left boolean := false;
+    v_gone boolean := false;
+BEGIN
+    SELECT r.id, r.per, r.tat, r.last_at, r.waiting
+    INTO v_id, v_per, v_tat, v_last, v_waiting
+    FROM __SCHEMA__.rates r WHERE r.key = sha256(convert_to(p_name, 'UTF8'))
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_now := extract(epoch FROM coalesce(p_now, clock_timestamp()));
+    IF v_waiting > 0 THEN
+        DELETE FROM __SCHEMA__.rate_waiters w WHERE w.rate_id = v_id AND w.holder = p_holder
+        RETURNING w.expires_at > v_now INTO v_left;
+        v_gone := FOUND;
+        v_left := coalesce(v_left, false);
+        IF v_gone THEN
+            v_waiting := v_waiting - 1;
+        END IF;
+    END IF;
+    IF v_tat <= v_now AND (v_last IS NULL OR v_last <= v_now - v_per) THEN
+        IF v_waiting = 0 OR NOT EXISTS (
+            SELECT 1 FROM __SCHEMA__.rate_waiters w
+            WHERE w.rate_id = v_id AND w.expires_at > v_now)
+        THEN
+            -- idle: nothing of it is kept
+            DELETE FROM __SCHEMA__.rate_waiters w WHERE w.rate_id = v_id;
+            DELETE FROM __SCHEMA__.rate_admissions a WHERE a.rate_id = v_id;
+            DELETE FROM __SCHEMA__.rates r WHERE r.id = v_id;
+            RETURN v_left;
+        END IF;
+    END IF;
+    IF v_gone THEN
+        UPDATE __SCHEMA__.rates r SET waiting = v_waiting WHERE r.id = v_id;
+    END IF;
+    RETURN v_left;
+END
+$$;
+
+-- rate_machine.status, read only: the rate (NULL while idle), the live line in order
+-- (holders, joined, slots: one entry per waiter), the admissions of the last `per` seconds
+-- in order, and next_slot (now while idle).
+CREATE FUNCTION __SCHEMA__.rate_status(
+    p_name text, p_now timestamptz DEFAULT NULL,
+    OUT rate integer, OUT per double precision, OUT burst integer, OUT now double precision,
+    OUT next_slot double precision, OUT holders text[], OUT joined double precision[],
+    OUT slots double precision[], OUT admitted double precision[])
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+    v_rate integer;
+    v_per double precision;
+    v_burst integer;
+    v_tat double precision;
+    v_interval double precision;
+    v_next double precision;
+BEGIN
+    now := extract(epoch FROM coalesce(p_now, clock_timestamp()));
+    next_slot := now;
+    holders := '{}';
+    joined := '{}';
+    slots := '{}';
+    admitted := '{}';
+    SELECT r.id, r.rate, r.per, r.burst, r.tat INTO v_id, v_rate, v_per, v_burst, v_tat
+    FROM __SCHEMA__.rates r WHERE r.key = sha256(convert_to(p_name, 'UTF8'));
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_interval := v_per / v_rate;
+    v_next := greatest(now, v_tat - (v_burst - 1) * v_interval);
+    SELECT coalesce(array_agg(l.holder ORDER BY l.seq), '{}'),
+           coalesce(array_agg(l.joined_at ORDER BY l.seq), '{}'),
+           coalesce(array_agg(v_next + l.pos * v_interval ORDER BY l.seq), '{}')
+    INTO holders, joined, slots
+    FROM (SELECT w.seq, w.holder, w.joined_at, row_number() OVER (ORDER BY w.seq) - 1 AS pos
+          FROM __SCHEMA__.rate_waiters w
+          WHERE w.rate_id = v_id AND w.expires_at > now) l;
+    SELECT coalesce(array_agg(a.at ORDER BY a.at), '{}') INTO admitted
+    FROM __SCHEMA__.rate_admissions a WHERE a.rate_id = v_id AND a.at > now - v_per;
+    IF cardinality(holders) > 0 OR v_tat > now OR cardinality(admitted) > 0 THEN
+        rate := v_rate;
+        per := v_per;
+        burst := v_burst;
+        next_slot := v_next + 0 * v_interval;
+    END IF;
 END
 $$;

@@ -63,8 +63,17 @@ TURNSTILE_PARAMS = (
 DURABILITIES = ("durable", "relaxed")
 # The lock and semaphore operations that commit a change: with durability=relaxed they do
 # not wait for their WAL to reach disk (the "relaxed" query of queries.sql). Queue
-# operations are never relaxed: a message put is a message kept.
-RELAXABLE = frozenset({"acquire", "release", "renew", "set_limit"})
+# operations are never relaxed: a message put is a message kept. Nor are the callback
+# operations (acquire_callback, take_deliveries, settle_delivery): a callback waiter has no
+# connection to notice a forgotten place or grant, and a durable take flushes the WAL of
+# every commit before it, so a grant made by a relaxed release is on disk before a
+# deliverer sends it; a settle that a crash forgot would be delivered again (a Step
+# Functions task token answers a second SendTaskSuccess with a refusal, which would release
+# the grant the execution holds). See docs/postgres.md, "Callback grants". The rate-limit
+# steps that commit (rate_acquire, rate_leave) are relaxed too: an admission a crash forgot
+# only goes uncounted (the next ones may come that much sooner), as a relaxed grant may be
+# forgotten; rate_status writes nothing.
+RELAXABLE = frozenset({"acquire", "release", "renew", "set_limit", "rate_acquire", "rate_leave"})
 
 _SIMPLE_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 
@@ -221,8 +230,8 @@ class PostgresConfig:
     connect_timeout: float
     display: str  # the URL with its password replaced, safe to print
     secrets: tuple[str, ...] = field(repr=False)  # strings never to print (passwords)
-    # "durable" (every commit waits for its WAL on disk) or "relaxed" (lock and semaphore
-    # commits do not: see docs/postgres.md, "Durability")
+    # "durable" (every commit waits for its WAL on disk) or "relaxed" (lock, semaphore and
+    # rate-limit commits do not: see docs/postgres.md, "Durability")
     durability: str = "durable"
 
     @property
@@ -280,8 +289,8 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
     server restarts; 0 = fail at once), ``listen=off`` (no LISTEN connection: waiters poll
     with a backoff) and ``listen_url`` (a separate URL for the LISTEN connection, e.g. a
     direct or session-mode one when the main URL is a transaction pooler). Everything else
-    is passed to libpq unchanged. ``durability=relaxed`` lets lock and semaphore operations
-    commit without waiting for the disk (see docs/postgres.md, "Durability")."""
+    is passed to libpq unchanged. ``durability=relaxed`` lets lock, semaphore and rate-limit
+    operations commit without waiting for the disk (see docs/postgres.md, "Durability")."""
     display = redact(url)
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
@@ -419,6 +428,23 @@ def conflicting_limit(exc: BaseException | None) -> int | None:
     detail = getattr(getattr(exc, "diag", None), "message_detail", None)
     try:
         return int(detail or "")
+    except ValueError:
+        return None
+
+
+# SQLSTATE of rate_acquire's refusal of a caller naming another rate than a busy rate
+# limit's; its DETAIL is the name's "rate per burst" (see migrations/0008_rates.sql).
+RATE_CONFLICT = "TSL02"
+
+
+def conflicting_rate(exc: BaseException | None) -> tuple[int, float, int] | None:
+    """The name's (rate, per, burst) if ``exc`` is rate_acquire's refusal, else ``None``."""
+    if getattr(exc, "sqlstate", None) != RATE_CONFLICT:
+        return None
+    detail = getattr(getattr(exc, "diag", None), "message_detail", None)
+    try:
+        rate, per, burst = (detail or "").split()
+        return int(rate), float(per), int(burst)
     except ValueError:
         return None
 

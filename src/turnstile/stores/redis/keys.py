@@ -13,11 +13,29 @@ a key, only stored as data), so a name lives in one Redis Cluster slot::
     <prefix>{T}:hx   zset  holders by lease expiry
     <prefix>{T}:wx   zset  waiters by waiting-entry expiry
     <prefix>{T}:wq   zset  waiters in line order
+    <prefix>{T}:cw   zset  callback waiters by waiting-entry expiry (only while D has "=cb")
+    <prefix>{T}:pd   zset  holders whose callback delivery is pending, by the deliverer's
+                           claim on it (0: unclaimed; only while D has "=cb")
     <prefix>{T}:s:<holder>  list  wake-up signal of one waiting holder
+
+The store-wide index of names with callbacks (``lua/lock/index.lua``) shares one hash tag of
+its own, ``{callbacks}``, never a name's (those are 32 hex digits)::
+
+    <prefix>{callbacks}:due   zset  T by when the name next needs a deliverer's take
+    <prefix>{callbacks}:idle  hash  T -> 1 once a take found the name without callbacks
 
 A queue's keys live under ``<prefix>{T}:q:`` (same tag as a lock of that name, so one Cluster
 slot too), one per entry of :data:`QUEUE_KEY_SUFFIXES` (see ``lua/queue/_lib.lua``), and a
 blocked consumer's wake-up list is ``<prefix>{T}:q:s:<waiter id>``.
+
+A rate limit's keys live under ``<prefix>{T}:r:`` (same tag again), one per entry of
+:data:`RATE_KEY_SUFFIXES` (see ``lua/rate/_lib.lua``)::
+
+    <prefix>{T}:r:m  hash  the name, rate, per, burst, tat, counters, and the time each
+                           waiter joined (j:<holder>)
+    <prefix>{T}:r:l  zset  waiters in line order (by arrival sequence)
+    <prefix>{T}:r:x  zset  waiters by when their place lapses
+    <prefix>{T}:r:a  zset  recent admissions by time (the last ``per`` seconds)
 """
 
 from __future__ import annotations
@@ -34,7 +52,7 @@ def key_base(prefix: str, name: str) -> str:
     return f"{prefix}{{{name_tag(name)}}}:"
 
 
-LOCK_KEY_SUFFIXES = ("d", "hx", "wx", "wq")
+LOCK_KEY_SUFFIXES = ("d", "hx", "wx", "wq", "cw", "pd")
 
 
 def name_keys(base: str) -> list[str]:
@@ -59,6 +77,20 @@ class KeyCache:
                 self._cache.clear()
             self._cache[name] = found
         return found
+
+
+def tag_base(prefix: str, tag: str) -> str:
+    """The key base of the name whose hash tag is ``tag`` (as the callback index keeps it)."""
+    return f"{prefix}{{{tag}}}:"
+
+
+def tag_of_base(prefix: str, base: str) -> str:
+    return base[len(prefix) + 1 : -2]
+
+
+def callback_index_keys(prefix: str) -> list[str]:
+    """The store-wide index of names with callbacks: ``due`` (zset) and ``idle`` (hash)."""
+    return [f"{prefix}{{callbacks}}:due", f"{prefix}{{callbacks}}:idle"]
 
 
 def signal_key(base: str, owner: str) -> str:
@@ -111,6 +143,14 @@ def queue_keys(base: str) -> list[str]:
 def queue_meta_pattern(prefix: str) -> str:
     """SCAN pattern matching the ``meta`` key of every queue under ``prefix``."""
     return glob_escape(prefix) + "{*}:q:meta"
+
+
+RATE_KEY_SUFFIXES = ("m", "l", "x", "a")
+
+
+def rate_keys(base: str) -> list[str]:
+    """The keys of the rate limit whose name has key base ``base`` (see ``key_base``)."""
+    return [f"{base}r:{suffix}" for suffix in RATE_KEY_SUFFIXES]
 
 
 def micros(seconds: float) -> int:

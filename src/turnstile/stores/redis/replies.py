@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._core import lock_machine
+from ..._core import callbacks, lock_machine, rate_machine
 from ..._core.records import (
     AcquireResult,
+    CallbackDelivery,
     ClaimResult,
     DeadLetterRow,
     Delivery,
@@ -16,23 +17,37 @@ from ..._core.records import (
     KeyDepth,
     PutResult,
     QueueStats,
+    RateResult,
+    RateStatus,
+    RateWaiterInfo,
     Status,
     WaiterInfo,
 )
 
 
-def _text(value: Any) -> str:
+def text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+_text = text
 
 
 def _seconds(us: Any) -> float:
     return int(us) / 1_000_000
 
 
+def notify_score(reply: Any) -> str | None:
+    """The notification an acquire, release or set_limit reply carries (``NOTIFY`` in
+    ``_lib.lua``): the score under which the name goes into the callback index, or None."""
+    if isinstance(reply, list) and len(reply) in (2, 8):
+        return _text(reply[-1])
+    return None
+
+
 def acquire_result(name: str, holder: str, limit: int, reply: list[Any]) -> AcquireResult:
     """The answer of acquire.lua to a step that asked with ``limit``; raises
     ``lock_machine.limit_conflict`` when the script refused it (``granted`` 2)."""
-    granted, token, acquired, expires, now, position, retry = reply
+    granted, token, acquired, expires, now, position, retry = reply[:7]
     if int(granted) == 2:
         raise lock_machine.limit_conflict(name, int(position), limit)
     if int(granted) == 1:
@@ -46,6 +61,47 @@ def acquire_result(name: str, holder: str, limit: int, reply: list[Any]) -> Acqu
     )
 
 
+def _micros(value: Any) -> float:
+    """A time the rate scripts send as text, possibly fractional (``%.17g``), in seconds."""
+    return float(_text(value)) / 1_000_000
+
+
+def rate_result(name: str, asked: tuple[int, float, int], reply: list[Any]) -> RateResult:
+    """The answer of rate/acquire.lua; raises ``rate_machine.rate_conflict`` when the script
+    refused a busy name's other rate (code 2, with the name's own)."""
+    code = int(reply[0])
+    if code == 2:
+        current = (int(reply[1]), float(_text(reply[2])), int(reply[3]))
+        raise rate_machine.rate_conflict(name, current, asked)
+    _, position, now, retry, tat = reply
+    return RateResult(
+        code == 1,
+        None if int(position) < 0 else int(position),
+        _seconds(now),
+        _micros(retry),
+        _micros(tat),
+    )
+
+
+def rate_status_result(name: str, reply: list[Any]) -> RateStatus:
+    """rate/status.lua's answer: rate, per and burst are "" while the name is idle."""
+    now, rate, per, burst, next_slot, flat, admitted = reply
+    in_use = _text(rate) != ""
+    return RateStatus(
+        name=name,
+        rate=int(rate) if in_use else None,
+        per=float(_text(per)) if in_use else None,
+        burst=int(burst) if in_use else None,
+        waiters=tuple(
+            RateWaiterInfo(_text(flat[i]), i // 3, _micros(flat[i + 1]), _micros(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        ),
+        admitted=tuple(_micros(a) for a in admitted),
+        next_slot=_micros(next_slot),
+        now=_seconds(now),
+    )
+
+
 def renew_result(name: str, holder: str, reply: list[Any]) -> Grant | None:
     if int(reply[0]) != 1:
         return None
@@ -53,7 +109,16 @@ def renew_result(name: str, holder: str, reply: list[Any]) -> Grant | None:
     return Grant(name, holder, int(token), _seconds(acquired), _seconds(expires))
 
 
+def _kind(value: Any) -> str | None:
+    return _text(value) or None
+
+
+_DELIVERY = {"1": callbacks.PENDING, "0": callbacks.DELIVERED}
+
+
 def status_result(name: str, reply: list[Any]) -> Status:
+    """status.lua's answer: callbacks come as their kind only (the script never sends the
+    stored text, which may hold a task token)."""
     now_us, limit, flat_holders, flat_waiters = reply
     holders = sorted(
         (
@@ -62,19 +127,22 @@ def status_result(name: str, reply: list[Any]) -> Status:
                 int(flat_holders[i + 1]),
                 _seconds(flat_holders[i + 2]),
                 _seconds(flat_holders[i + 3]),
+                _kind(flat_holders[i + 4]),
+                _DELIVERY.get(_text(flat_holders[i + 5])),
             )
-            for i in range(0, len(flat_holders), 4)
+            for i in range(0, len(flat_holders), 6)
         ),
         key=lambda h: h.token,
     )
     waiters = tuple(
         WaiterInfo(
             _text(flat_waiters[i]),
-            i // 3,
+            i // 4,
             _seconds(flat_waiters[i + 1]),
             _seconds(flat_waiters[i + 2]),
+            _kind(flat_waiters[i + 3]),
         )
-        for i in range(0, len(flat_waiters), 3)
+        for i in range(0, len(flat_waiters), 4)
     )
     limit_text = _text(limit)
     return Status(
@@ -84,6 +152,26 @@ def status_result(name: str, reply: list[Any]) -> Status:
         waiters=waiters,
         now=_seconds(now_us),
     )
+
+
+def take_result(reply: list[Any]) -> tuple[int, int, list[CallbackDelivery]]:
+    """take.lua's answer: (now_us, next_us or -1, the deliveries claimed)."""
+    now_us, next_us, name_raw, limit, flat = reply
+    name = _text(name_raw)
+    taken = [
+        CallbackDelivery(
+            name,
+            _text(flat[i]),
+            int(flat[i + 1]),
+            _seconds(flat[i + 2]),
+            _seconds(flat[i + 3]),
+            int(limit),
+            _text(flat[i + 4]),
+            int(flat[i + 5]),
+        )
+        for i in range(0, len(flat), 6)
+    ]
+    return int(now_us), int(next_us), taken
 
 
 # -- queues

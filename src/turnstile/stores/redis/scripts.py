@@ -1,4 +1,4 @@
-"""The Lua scripts, loaded one way for locks and queues (no I/O; both flavours).
+"""The Lua scripts, loaded one way for locks, queues and rate limits (no I/O; both flavours).
 
 Redis has no includes, so each operation's script is its folder's ``_lib.lua`` followed by
 the operation's own file; the result is sent by SHA1 (EVALSHA) and its text only when a
@@ -11,7 +11,20 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
-LOCK_OPERATIONS = ("acquire", "release", "renew", "set_limit", "status", "probe")
+LOCK_OPERATIONS = (
+    "acquire",
+    "release",
+    "renew",
+    "set_limit",
+    "status",
+    "probe",
+    # callback grants (issue 16): a deliverer's take and settle on one name, the count of
+    # pending deliveries, and the store-wide index of names with callbacks
+    "take",
+    "settle",
+    "pending",
+    "index",
+)
 QUEUE_OPERATIONS = (
     "put",
     "claim",
@@ -25,8 +38,10 @@ QUEUE_OPERATIONS = (
     "unregister",
     "names",
 )
+# Rate limits that wait in line (issue 15): one step, leaving the line, a snapshot.
+RATE_OPERATIONS = ("acquire", "leave", "status")
 # Folder under lua/ -> the operations it holds.
-FOLDERS = {"lock": LOCK_OPERATIONS, "queue": QUEUE_OPERATIONS}
+FOLDERS = {"lock": LOCK_OPERATIONS, "queue": QUEUE_OPERATIONS, "rate": RATE_OPERATIONS}
 
 
 @dataclass(frozen=True)
@@ -48,5 +63,5 @@ def script_text(folder: str, operation: str) -> str:
 
 
 def load(folder: str) -> dict[str, Script]:
-    """Every script of one folder (``lock`` or ``queue``), by operation."""
+    """Every script of one folder (``lock``, ``queue`` or ``rate``), by operation."""
     return {op: Script(script_text(folder, op)) for op in FOLDERS[folder]}

@@ -29,7 +29,7 @@ from importlib import resources
 from typing import TypeVar
 
 from ..._core import forks, lock_machine, urls
-from ..._core.records import AcquireResult, Grant, Status
+from ..._core.records import AcquireResult, CallbackDelivery, Grant, Status
 from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 
 T = TypeVar("T")
@@ -222,16 +222,18 @@ class SQLiteStore:
             return state
         # (One UNION ALL query for both measured slower: its ORDER BY needs a sort.)
         for h in conn.execute(
-            "SELECT holder, token, acquired_at, expires_at, claimed FROM turnstile_holders"
-            " WHERE name = ?",
+            "SELECT holder, token, acquired_at, expires_at, claimed, callback, pending,"
+            " claimed_until, attempts FROM turnstile_holders WHERE name = ?",
             (name,),
         ):
-            state.holders[h[0]] = lock_machine.HolderRow(h[0], h[1], h[2], h[3], bool(h[4]))
+            state.holders[h[0]] = lock_machine.HolderRow(
+                h[0], h[1], h[2], h[3], bool(h[4]), h[5], bool(h[6]), h[7], h[8]
+            )
         state.waiters = [
             lock_machine.WaiterRow(*w)
             for w in conn.execute(
-                "SELECT holder, ttl, wait_ttl, joined_at, expires_at FROM turnstile_waiters"
-                " WHERE name = ? ORDER BY seq",
+                "SELECT holder, ttl, wait_ttl, joined_at, expires_at, callback"
+                " FROM turnstile_waiters WHERE name = ? ORDER BY seq",
                 (name,),
             )
         ]
@@ -242,10 +244,21 @@ class SQLiteStore:
         state: lock_machine.NameState,
     ) -> tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]]:
         holders: dict[str, tuple[object, ...]] = {
-            k: (h.token, h.acquired_at, h.expires_at, h.claimed) for k, h in state.holders.items()
+            k: (
+                h.token,
+                h.acquired_at,
+                h.expires_at,
+                h.claimed,
+                h.callback,
+                h.pending,
+                h.claimed_until,
+                h.attempts,
+            )
+            for k, h in state.holders.items()
         }
         waiters: dict[str, tuple[object, ...]] = {
-            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at) for w in state.waiters
+            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at, w.callback)
+            for w in state.waiters
         }
         return state.limit, holders, waiters
 
@@ -265,9 +278,9 @@ class SQLiteStore:
         for holder, values in new_holders.items():
             if old_holders.get(holder) != values:
                 conn.execute(
-                    "INSERT OR REPLACE INTO turnstile_holders"
-                    " (name, holder, token, acquired_at, expires_at, claimed)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO turnstile_holders (name, holder, token,"
+                    " acquired_at, expires_at, claimed, callback, pending, claimed_until,"
+                    " attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (name, holder, *values),
                 )
         for holder in old_waiters.keys() - new_waiters.keys():
@@ -287,15 +300,15 @@ class SQLiteStore:
             if old is None:
                 conn.execute(
                     "INSERT INTO turnstile_waiters"
-                    " (name, holder, ttl, wait_ttl, joined_at, expires_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    " (name, holder, ttl, wait_ttl, joined_at, expires_at, callback)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (name, w.holder, *values),
                 )
             elif old != values:
                 conn.execute(
-                    "UPDATE turnstile_waiters SET ttl = ?, wait_ttl = ?, expires_at = ?"
-                    " WHERE name = ? AND holder = ?",
-                    (w.ttl, w.wait_ttl, w.expires_at, name, w.holder),
+                    "UPDATE turnstile_waiters SET ttl = ?, wait_ttl = ?, expires_at = ?,"
+                    " callback = ? WHERE name = ? AND holder = ?",
+                    (w.ttl, w.wait_ttl, w.expires_at, w.callback, name, w.holder),
                 )
         had_rows = bool(old_holders or old_waiters)  # iff the turnstile_names row exists
         if state.empty:
@@ -351,7 +364,14 @@ class SQLiteStore:
 
     # -- operations -----------------------------------------------------------------------
     def acquire(
-        self, name: str, holder: str, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        callback: str | None = None,
     ) -> AcquireResult:
         return self._mutate(
             name,
@@ -365,8 +385,68 @@ class SQLiteStore:
                 enqueue=enqueue,
                 now=now,
                 next_token=tokens,
+                callback=callback,
             ),
         )
+
+    # -- callback deliveries (lock_machine.take_deliveries / settle_delivery) -------------
+    def _due_names(self, now: float) -> list[str]:
+        """Names with callbacks where a step is owed (``lock_machine.due``): a read, so an
+        idle deliverer never takes the write lock."""
+
+        def tx(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT name FROM turnstile_holders WHERE pending = 1 AND claimed_until <= ?"
+                " UNION SELECT w.name FROM turnstile_waiters AS w"
+                " WHERE w.callback IS NOT NULL AND (w.expires_at <= ? OR EXISTS ("
+                "  SELECT 1 FROM turnstile_holders AS h WHERE h.name = w.name"
+                "  AND h.expires_at <= ?))"
+                " UNION SELECT h.name FROM turnstile_holders AS h"
+                " WHERE h.pending = 1 AND h.expires_at <= ?",
+                (now, now, now, now),
+            ).fetchall()
+            return [r[0] for r in rows]
+
+        return self._run(tx, write=False)
+
+    def take_deliveries(self, lease: float, max_count: int) -> list[CallbackDelivery]:
+        taken: list[CallbackDelivery] = []
+        for name in self._due_names(self._clock()):
+            if len(taken) >= max_count:
+                break
+            room = max_count - len(taken)
+
+            def step(
+                state: lock_machine.NameState,
+                now: float,
+                tokens: Callable[[], int],
+                name: str = name,
+                room: int = room,
+            ) -> tuple[list[CallbackDelivery], list[str]]:
+                return lock_machine.take_deliveries(
+                    state, name=name, now=now, lease=lease, max_count=room, next_token=tokens
+                )
+
+            taken += self._mutate(name, step)
+        return taken
+
+    def settle_delivery(self, name: str, token: int, outcome: str, retry_in: float) -> bool:
+        return self._mutate(
+            name,
+            lambda state, now, tokens: lock_machine.settle_delivery(
+                state, token=token, outcome=outcome, retry_in=retry_in, now=now, next_token=tokens
+            ),
+        )
+
+    def pending_deliveries(self) -> int:
+        def tx(conn: sqlite3.Connection) -> int:
+            (count,) = conn.execute(
+                "SELECT count(*) FROM turnstile_holders WHERE pending = 1 AND expires_at > ?",
+                (self._clock(),),
+            ).fetchone()
+            return int(count)
+
+        return self._run(tx, write=False)
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
         return self._mutate(

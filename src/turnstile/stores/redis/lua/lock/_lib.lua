@@ -7,12 +7,22 @@
 -- itself) so they share a Cluster slot; every script gets them in this order:
 --   KEYS[1] D   hash  "=name" the name, "=limit", "=last" last fencing token,
 --                     "=seq" waiter sequence, "=exp" time up to which the keys' own
---                     expiry covers every entry (us),
---                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)",
---                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us"
+--                     expiry covers every entry (us), "=cb" "1" while the name may have
+--                     callback waiters or pending deliveries (CW, PD kept up to date),
+--                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)", or for a
+--                       callback grant "token acquired_us expires_us claimed pending(0|1)
+--                       claimed_until_us attempts callback" (the callback text last: it may
+--                       hold spaces),
+--                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us", or for a
+--                       callback waiter the same followed by " callback"
 --   KEYS[2] HX  zset  holder scored by its lease's expires_us
 --   KEYS[3] WX  zset  waiter scored by its waiting entry's expires_us
 --   KEYS[4] WQ  zset  waiter scored by seq: the line, in the order waiters first asked
+--   KEYS[5] CW  zset  callback waiters scored by their waiting entry's expires_us
+--   KEYS[6] PD  zset  holders whose delivery is pending, scored by the deliverer's claim on
+--                     it (claimed_until_us; 0: nobody's)
+-- CW and PD are touched only while "=cb" is set, so a name that never had a callback waiter
+-- sends exactly the commands it sent before callbacks existed.
 -- ARGV[1] is the common key base "<prefix>{T}:"; the wake-up list of holder X is
 -- BASE .. "s:" .. X. It is not in KEYS (which waiter to wake is only known inside the
 -- script) but carries the same hash tag, so it lives in the same slot.
@@ -23,7 +33,7 @@
 -- outlive the name's leases); the Redis commands an operation sends do not depend on the
 -- number of waiters.
 
-local D, HX, WX, WQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local D, HX, WX, WQ, CW, PD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local BASE = ARGV[1]
 local KEEP_US = 3600 * 1000000
 local CHUNK = 1000 -- stay well below Lua's unpack() limit
@@ -36,40 +46,72 @@ local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- State read at the start of an operation (one HMGET), written back by finish().
-local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false}
+local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
+           cb = false}
 local pending = {}    -- D fields to write in finish(): field -> value
 local extend = {}     -- keys whose expiry must cover the newest entry
 local newest = 0      -- latest expiry written by this operation
 -- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
 local NO_HOLDERS, NO_WAITERS = false, false
+-- Set when this step made a callback grant (a pending delivery), or granted anything on a
+-- name with callbacks (a new lease whose expiry the deliverer's schedule does not know):
+-- the reply then carries NOW - NOTIFY_SHIFT, which the client adds to the store's index of
+-- names with callbacks (lua/lock/index.lua) as "due now".
+local NOTIFY = false
+local NOTIFY_SHIFT = 1000000000000000 -- 1e15 us: notifications score below any real time
 
 local function load(holder)
-  local r = redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp',
+  local r = redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
                        'h:' .. holder, 'w:' .. holder)
   S.name, S.limit = r[1], r[2] and tonumber(r[2])
   S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
-  S.mine, S.waiting = r[6], r[7]
+  S.cb, S.mine, S.waiting = r[6] and true or false, r[7], r[8]
 end
 
 local function parse_holder(s)
   local token, acquired, expires, claimed = string.match(s, '^(%d+) (%d+) (%d+) ([01])$')
+  if token then
+    return {token = token, acquired = tonumber(acquired), expires = tonumber(expires),
+            claimed = claimed == '1'}
+  end
+  local p, cu, att, cb
+  token, acquired, expires, claimed, p, cu, att, cb =
+    string.match(s, '^(%d+) (%d+) (%d+) ([01]) ([01]) (%d+) (%d+) (.*)$')
   return {token = token, acquired = tonumber(acquired), expires = tonumber(expires),
-          claimed = claimed == '1'}
+          claimed = claimed == '1', pending = p == '1', cu = tonumber(cu),
+          attempts = tonumber(att), cb = cb}
 end
 
 local function pack_holder(h)
-  return h.token .. ' ' .. fmt(h.acquired) .. ' ' .. fmt(h.expires) .. ' ' ..
-         (h.claimed and '1' or '0')
+  local s = h.token .. ' ' .. fmt(h.acquired) .. ' ' .. fmt(h.expires) .. ' ' ..
+            (h.claimed and '1' or '0')
+  if h.cb then
+    s = s .. ' ' .. (h.pending and '1' or '0') .. ' ' .. fmt(h.cu) .. ' ' .. fmt(h.attempts) ..
+        ' ' .. h.cb
+  end
+  return s
 end
 
 local function parse_waiter(s)
-  local ttl, wait_ttl, joined, expires = string.match(s, '^(%d+) (%d+) (%d+) (%d+)$')
-  return {ttl = tonumber(ttl), wait_ttl = tonumber(wait_ttl), joined = tonumber(joined),
-          expires = tonumber(expires)}
+  local ttl, wait_ttl, joined, expires, rest = string.match(s, '^(%d+) (%d+) (%d+) (%d+)(.*)$')
+  local w = {ttl = tonumber(ttl), wait_ttl = tonumber(wait_ttl), joined = tonumber(joined),
+             expires = tonumber(expires)}
+  if rest ~= '' then w.cb = string.sub(rest, 2) end
+  return w
 end
 
 local function pack_waiter(w)
-  return fmt(w.ttl) .. ' ' .. fmt(w.wait_ttl) .. ' ' .. fmt(w.joined) .. ' ' .. fmt(w.expires)
+  local s = fmt(w.ttl) .. ' ' .. fmt(w.wait_ttl) .. ' ' .. fmt(w.joined) .. ' ' .. fmt(w.expires)
+  if w.cb then s = s .. ' ' .. w.cb end
+  return s
+end
+
+-- The name has (or is about to have) callbacks: keep CW and PD from now on.
+local function mark_callbacks()
+  if not S.cb then
+    S.cb = true
+    pending['=cb'] = '1'
+  end
 end
 
 local function wrote(expires, ...)
@@ -112,17 +154,29 @@ local function put_waiter(holder, w)
   redis.call('ZADD', WX, fmt(w.expires), holder)
   NO_WAITERS = false
   wrote(w.expires, WX, WQ)
+  if w.cb then
+    redis.call('ZADD', CW, fmt(w.expires), holder)
+    wrote(w.expires, CW)
+  end
+end
+
+-- A callback grant's delivery is pending again (score: the deliverer's claim, 0 for none).
+local function put_pending(holder, h)
+  redis.call('ZADD', PD, fmt(h.cu), holder)
+  wrote(h.expires, PD)
 end
 
 local function drop_holder(holder)
   redis.call('HDEL', D, unpack(prefixed('h:', {holder})))
   redis.call('ZREM', HX, holder)
+  if S.cb then redis.call('ZREM', PD, holder) end
 end
 
 local function drop_waiter(holder)
   redis.call('HDEL', D, unpack(prefixed('w:', {holder})))
   redis.call('ZREM', WQ, holder)
   redis.call('ZREM', WX, holder)
+  if S.cb then redis.call('ZREM', CW, holder) end
 end
 
 -- The earliest score of a zset, or nil when it is empty (or missing).
@@ -138,7 +192,10 @@ local function purge(holder)
   NO_HOLDERS = first == nil
   if first ~= nil and first <= NOW then
     local gone = redis.call('ZRANGEBYSCORE', HX, '-inf', fmt(NOW))
-    unpack_chunks(gone, function(c) redis.call('HDEL', D, unpack(prefixed('h:', c))) end)
+    unpack_chunks(gone, function(c)
+      redis.call('HDEL', D, unpack(prefixed('h:', c)))
+      if S.cb then redis.call('ZREM', PD, unpack(c)) end -- an undelivered grant expires too
+    end)
     redis.call('ZREMRANGEBYSCORE', HX, '-inf', fmt(NOW))
     for _, g in ipairs(gone) do if g == holder then S.mine = false end end
   end
@@ -151,6 +208,7 @@ local function purge(holder)
       redis.call('ZREM', WQ, unpack(c))
     end)
     redis.call('ZREMRANGEBYSCORE', WX, '-inf', fmt(NOW))
+    if S.cb then redis.call('ZREMRANGEBYSCORE', CW, '-inf', fmt(NOW)) end
     for _, g in ipairs(gone) do if g == holder then S.waiting = false end end
   end
 end
@@ -186,10 +244,11 @@ local function wake(holder, lease_us)
   redis.call('PEXPIRE', key, fmt(math.floor(lease_us / 1000) + 1))
 end
 
--- model.promote: grant free slots to waiters from the front. The claimant (the caller)
--- gets a claimed grant for its full ttl; anyone else an unclaimed grant lasting
--- min(ttl, wait_ttl), and a wake-up. Returns the free slots left (0, or > 0 only when the
--- line is now empty) and the records granted, by holder.
+-- model.promote: grant free slots to waiters from the front. A callback waiter gets a
+-- grant claimed for its full ttl with its delivery pending (in PD), and no wake-up; the
+-- claimant (the caller) gets a claimed grant for its full ttl; anyone else an unclaimed
+-- grant lasting min(ttl, wait_ttl), and a wake-up. Returns the free slots left (0, or > 0
+-- only when the line is now empty) and the records granted, by holder.
 local function promote(limit, claimant)
   local granted = {}
   local free = limit - held()
@@ -200,15 +259,27 @@ local function promote(limit, claimant)
   redis.call('HDEL', D, unpack(prefixed('w:', front)))
   redis.call('ZREM', WQ, unpack(front))
   redis.call('ZREM', WX, unpack(front))
+  if S.cb then
+    redis.call('ZREM', CW, unpack(front))
+    NOTIFY = true -- a new lease the deliverer's schedule of this name does not know
+  end
   local grants = {}
   for i, holder in ipairs(front) do
     local w = parse_waiter(recs[i])
-    local claimed = holder == claimant
-    local lease = claimed and w.ttl or math.min(w.ttl, w.wait_ttl)
-    local h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed}
+    local h
+    if w.cb then
+      h = {token = next_token(), acquired = NOW, expires = NOW + w.ttl, claimed = true,
+           cb = w.cb, pending = true, cu = 0, attempts = 0}
+      put_pending(holder, h)
+      NOTIFY = true
+    else
+      local claimed = holder == claimant
+      local lease = claimed and w.ttl or math.min(w.ttl, w.wait_ttl)
+      h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed}
+      if not claimed then wake(holder, lease) end
+    end
     granted[holder] = h
     table.insert(grants, {holder, h})
-    if not claimed then wake(holder, lease) end
   end
   put_holders(grants)
   if #front < free then NO_WAITERS = true end
@@ -247,8 +318,36 @@ local function finish()
   end
 end
 
+-- The score of this step's notification, or nil.
+local function notify_score()
+  if NOTIFY then return fmt(NOW - NOTIFY_SHIFT) end
+  return nil
+end
+
+-- A reply list, with the notification's score appended when there is one.
+local function noted(reply)
+  if NOTIFY then table.insert(reply, notify_score()) end
+  return reply
+end
+
 local function grant_reply(h)
-  return {1, h.token, h.acquired, h.expires, NOW, -1, -1}
+  return noted({1, h.token, h.acquired, h.expires, NOW, -1, -1})
+end
+
+-- The kind of a stored callback ("sfn", "http"; "unknown" if unreadable): all that status
+-- shows, never the text (a task token is a credential).
+local function callback_kind(cb)
+  if not cb then return '' end
+  local ok, v = pcall(cjson.decode, cb)
+  if ok and type(v) == 'table' and (v.kind == 'sfn' or v.kind == 'http') then return v.kind end
+  return 'unknown'
+end
+
+-- Field names of D, without touching `pending` (prefixed() is for deletions).
+local function fields(p, members)
+  local out = {}
+  for i, m in ipairs(members) do out[i] = p .. m end
+  return out
 end
 
 -- ---- operation ------------------------------------------------------------------------

@@ -1,25 +1,36 @@
 -- acquire: one atomic step of model.acquire: hold, join the line, or keep one's place.
 -- Idempotent per holder.
 --
--- KEYS: D HX WX WQ (see _lib.lua)
+-- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base "<prefix>{T}:"  [2] name  [3] holder  [4] limit
 --       [5] ttl_us  [6] wait_ttl_us  [7] enqueue: "1" join the line, "0" take a free slot
---       only if nobody waits
--- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us}:
+--       only if nobody waits  [8] (optional) a callback: wait as a callback waiter (with
+--       enqueue "1"); the grant, now or later, carries a pending delivery to it
+-- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us
+--          [, notify]}:
 --   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
 --   granted = 0: position in line (0 = next) or -1 when not in line, and retry_after_us
 --   until the earliest lease expires or -1 without holders;
 --   granted = 2: refused, the name is busy under another limit, given in place of position
---   (a newcomer naming another limit; see lock_machine.limit_conflict).
+--   (a newcomer naming another limit; see lock_machine.limit_conflict);
+--   notify (present only when set): the score under which the client must add the name to
+--   the index of names with callbacks (index.lua), see NOTIFY in _lib.lua. Always present
+--   for a callback ask.
 -- Error "TURNSTILE name-collision" if the keys belong to another name (a hash collision).
 
 local name, holder = ARGV[2], ARGV[3]
 local limit, ttl, wait_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local enqueue = ARGV[7] == '1'
+local callback = ARGV[8]
+if callback == '' then callback = nil end
 
 load(holder)
 if S.name and S.name ~= name then
   return redis.error_reply('TURNSTILE name-collision: two names share one key hash')
+end
+if callback then
+  mark_callbacks()
+  NOTIFY = true -- the deliverer learns of the name, and reschedules it, at once
 end
 purge(holder)
 -- model.acquire: a busy name keeps its limit; a newcomer naming another one is refused
@@ -37,13 +48,21 @@ local free, granted = promote(limit, nil) -- expiries may free slots
 
 local mine = granted[holder] or (S.mine and parse_holder(S.mine))
 if mine then
+  local changed = false
   if not mine.claimed then
     -- Our own grant, handed over while we waited: claim it for the full ttl.
     mine.claimed = true
     mine.expires = NOW + ttl
-    put_holders({{holder, mine}})
+    changed = true
     redis.call('DEL', signal_key(holder))
   end
+  if callback and callback ~= mine.cb then
+    -- A new callback (a new task token) for the grant we hold: deliver it there.
+    mine.cb, mine.pending, mine.cu, mine.attempts = callback, true, 0, 0
+    put_pending(holder, mine)
+    changed = true
+  end
+  if changed then put_holders({{holder, mine}}) end
   finish()
   return grant_reply(mine)
 end
@@ -52,10 +71,15 @@ if S.waiting then
   -- Keep our place (a waiter is never behind free slots: promote left free = 0).
   local w = parse_waiter(S.waiting)
   w.ttl, w.wait_ttl, w.expires = ttl, wait_ttl, NOW + wait_ttl
+  if callback then w.cb = callback end
   put_waiter(holder, w)
 elseif free > 0 then
   -- The line is empty and a slot is free: joining and being promoted at once, in one go.
   local h = {token = next_token(), acquired = NOW, expires = NOW + ttl, claimed = true}
+  if callback then
+    h.cb, h.pending, h.cu, h.attempts = callback, true, 0, 0
+    put_pending(holder, h)
+  end
   put_holders({{holder, h}})
   finish()
   return grant_reply(h)
@@ -63,11 +87,12 @@ elseif enqueue then
   S.seq = S.seq + 1
   pending['=seq'] = fmt(S.seq)
   redis.call('ZADD', WQ, fmt(S.seq), holder)
-  put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = NOW, expires = NOW + wait_ttl})
+  put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = NOW, expires = NOW + wait_ttl,
+                      cb = callback})
 end
 
 local position = -1
 if S.waiting or enqueue then position = redis.call('ZRANK', WQ, holder) or -1 end
 local retry = retry_after()
 finish()
-return {0, '', 0, 0, NOW, position, retry}
+return noted({0, '', 0, 0, NOW, position, retry})

@@ -1,6 +1,6 @@
 -- probe: the name stored under these keys if it has a live holder or waiter (for names()).
 --
--- KEYS: D HX WX WQ (see _lib.lua)
+-- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base
 -- Returns the name (string), or "" if the name has nothing alive or no metadata.
 

@@ -3,9 +3,10 @@
 -- in line (and any grant handed to it meanwhile). A stale or repeated release changes
 -- nothing.
 --
--- KEYS: D HX WX WQ (see _lib.lua)
+-- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base  [2] holder  [3] token as a decimal string, or "" for none
--- Returns 1 if something was released, else 0.
+-- Returns 1 if something was released, else 0; or {1 or 0, notify} when the step must be
+-- reported to the index of names with callbacks (NOTIFY in _lib.lua).
 
 local holder, token = ARGV[2], ARGV[3]
 load(holder)
@@ -25,4 +26,5 @@ if token == '' then
 end
 if S.limit and not NO_WAITERS then promote(S.limit, nil) end
 finish()
+if NOTIFY then return {released, notify_score()} end
 return released

@@ -1,6 +1,6 @@
 -- renew: model.renew: extend the lease (holder, token) to now + ttl.
 --
--- KEYS: D HX WX WQ (see _lib.lua)
+-- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base  [2] holder  [3] token (decimal string)  [4] ttl_us
 -- Returns {1, token, acquired_us, expires_us, now_us}, or {0} if the lease is gone (lost).
 

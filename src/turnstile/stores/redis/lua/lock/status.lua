@@ -1,10 +1,12 @@
 -- status: read-only snapshot of one name at the server's clock (model.status).
 --
--- KEYS: D HX WX WQ (see _lib.lua)
+-- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base
 -- Returns {now_us, limit or "", holders, waiters} where holders is a flat list
--- {holder, token, acquired_us, expires_us, ...} of unexpired leases (any order) and waiters
--- a flat list {holder, joined_us, expires_us, ...} of unexpired entries in line order.
+-- {holder, token, acquired_us, expires_us, callback kind, delivery, ...} of unexpired leases
+-- (any order) and waiters a flat list {holder, joined_us, expires_us, callback kind, ...} of
+-- unexpired entries in line order. A callback kind is "sfn", "http", "unknown" or "" (no
+-- callback; never the callback itself), delivery "1" pending, "0" delivered, "" none.
 -- limit is "" when the name has no live holder or waiter.
 
 local holders = {}
@@ -18,6 +20,8 @@ unpack_chunks(live, function(c)
       table.insert(holders, h.token)
       table.insert(holders, h.acquired)
       table.insert(holders, h.expires)
+      table.insert(holders, callback_kind(h.cb))
+      table.insert(holders, h.cb and (h.pending and '1' or '0') or '')
     end
   end
 end)
@@ -32,6 +36,7 @@ unpack_chunks(line, function(c)
         table.insert(waiters, holder)
         table.insert(waiters, w.joined)
         table.insert(waiters, w.expires)
+        table.insert(waiters, callback_kind(w.cb))
       end
     end
   end
