@@ -44,13 +44,25 @@ class AsyncClient:
         *,
         on_lost: Callable[[AsyncLease], object] | None = None,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> AsyncLock:
         """A fair leased lock: one holder of ``name`` at a time, in arrival order.
 
         ``async with client.lock(name) as lease:`` waits up to ``timeout`` seconds (``None``:
         without a limit) and keeps the lease renewed until the block ends; ``acquire``,
-        ``try_acquire`` and the rest give finer control."""
-        return AsyncLock(self.backend, name, ttl, on_lost=on_lost, timeout=timeout)
+        ``try_acquire`` and the rest give finer control. ``priority`` (-1000 to 1000,
+        larger first, FIFO within a level) and ``ageing`` (``None``: strict; ``True``: one
+        level per 10 s waited; or seconds per level) place waiters (docs/admission.md)."""
+        return AsyncLock(
+            self.backend,
+            name,
+            ttl,
+            on_lost=on_lost,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
 
     def semaphore(
         self,
@@ -60,12 +72,24 @@ class AsyncClient:
         *,
         on_lost: Callable[[AsyncLease], object] | None = None,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> AsyncSemaphore:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order.
 
         ``async with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
-        seconds (``None``: without a limit), like :meth:`lock`."""
-        return AsyncSemaphore(self.backend, name, limit, ttl, on_lost=on_lost, timeout=timeout)
+        seconds (``None``: without a limit), like :meth:`lock`, with the same ``priority``
+        and ``ageing``."""
+        return AsyncSemaphore(
+            self.backend,
+            name,
+            limit,
+            ttl,
+            on_lost=on_lost,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
 
     def rate_limit(
         self,
@@ -75,11 +99,23 @@ class AsyncClient:
         burst: int = 1,
         *,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> AsyncRateLimit:
         """A rate limit whose callers wait in line: at most ``burst`` at once from idle, at
         most ``rate + burst`` in any window of ``per`` seconds (store clock), admitted in
-        arrival order, each woken at its slot (docs/admission.md)."""
-        return AsyncRateLimit(self.backend, name, rate, per, burst, timeout=timeout)
+        arrival order (by ``priority`` first, as :meth:`lock`), each woken at its slot
+        (docs/admission.md)."""
+        return AsyncRateLimit(
+            self.backend,
+            name,
+            rate,
+            per,
+            burst,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
 
     def queue(
         self,

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import LimitConflict
+from . import ranking
 from .callbacks import callback_kind, delivery_state
 from .records import AcquireResult, CallbackDelivery, Grant, HolderInfo, Status, WaiterInfo
 
@@ -99,6 +100,7 @@ class WaiterRow:
     joined_at: float
     expires_at: float
     callback: str | None = field(default=None, repr=False)  # holds a task token
+    rank: int = 0  # the line's order (_core/ranking.py): smallest first
 
 
 @dataclass(slots=True)
@@ -156,6 +158,18 @@ def promote(
     return woken
 
 
+def join(state: NameState, row: WaiterRow, now: float, lead: int) -> None:
+    """Put a new waiting entry in line by rank (_core/ranking.py): behind every waiter of
+    its rank or better, ahead of the rest. Sets its ``joined_at`` to its stamp."""
+    newest = max((ranking.stamp_of(w.joined_at) for w in state.waiters), default=None)
+    at = ranking.stamp(now, newest)
+    row.joined_at, row.rank = at / 1_000_000, at - lead
+    index = len(state.waiters)
+    while index > 0 and state.waiters[index - 1].rank > row.rank:
+        index -= 1
+    state.waiters.insert(index, row)
+
+
 def retry_after(state: NameState, now: float) -> float | None:
     if not state.holders:
         return None
@@ -178,9 +192,15 @@ def acquire(
     now: float,
     next_token: Callable[[], int],
     callback: str | None = None,
+    priority: int = 0,
+    ageing: float | None = None,
 ) -> tuple[AcquireResult, list[str]]:
     """One step of acquiring: hold, join or keep one's place in line, or (``enqueue=False``)
     take a free slot only if nobody waits. Idempotent per ``holder``.
+
+    A new waiting entry takes its place by ``priority`` (larger first, FIFO within a
+    level; ``ageing`` seconds per level, see _core/ranking.py); asking again keeps the
+    place whatever priority it names.
 
     With ``callback`` (always with ``enqueue``) the caller waits as a callback waiter: its
     grant, now or later, carries a pending delivery to ``callback``. Asking again with the
@@ -218,7 +238,12 @@ def acquire(
         if callback is not None:
             w.callback = callback
     elif enqueue or (not state.waiters and len(state.holders) < state.limit):
-        state.waiters.append(WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl, callback))
+        join(
+            state,
+            WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl, callback),
+            now,
+            ranking.lead(priority, ageing),
+        )
     woken += promote(state, now, next_token, holder)
     mine = state.holders.get(holder)
     if mine is not None:

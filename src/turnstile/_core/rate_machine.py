@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import LimitConflict
+from . import ranking
 from .records import RateResult, RateStatus, RateWaiterInfo
 
 # How long a waiting entry lasts past its slot without its holder asking: covers a waiter
@@ -45,6 +46,7 @@ class RateWaiter:
     holder: str
     joined_at: float
     expires_at: float
+    rank: int = 0  # the line's order (_core/ranking.py): smallest first
 
 
 @dataclass(slots=True)
@@ -113,10 +115,16 @@ def acquire(
     enqueue: bool,
     grace: float,
     now: float,
+    priority: int = 0,
+    ageing: float | None = None,
 ) -> RateResult:
     """One step: admit, or join / keep a place in line and answer the slot. Idempotent per
     ``holder`` while it waits. Raises :func:`rate_conflict` when the busy name has another
-    rate (an idle name takes the caller's)."""
+    rate (an idle name takes the caller's).
+
+    A new waiting entry takes its place by ``priority`` (larger first, FIFO within a
+    level, ``ageing`` seconds per level: _core/ranking.py); those it passes get later
+    slots (they learn them when they come back at their old one)."""
     purge(state, now)
     spec = (rate, per, burst)
     current = (state.rate, state.per, state.burst)
@@ -138,8 +146,17 @@ def acquire(
             return RateResult(
                 False, None, now, slot(state, len(state.waiters), now) - now, state.tat
             )
-        state.waiters.append(RateWaiter(holder, now, 0.0))
-        index = len(state.waiters) - 1
+        newest = max((ranking.stamp_of(w.joined_at) for w in state.waiters), default=None)
+        at = ranking.stamp(now, newest)
+        row = RateWaiter(holder, at / 1_000_000, 0.0, at - ranking.lead(priority, ageing))
+        index = len(state.waiters)
+        while index > 0 and state.waiters[index - 1].rank > row.rank:
+            index -= 1
+        state.waiters.insert(index, row)
+        if index == 0 and conforms:  # it ranks ahead of everyone and its slot has come
+            del state.waiters[0]
+            _admit(state, now)
+            return RateResult(True, None, now, 0.0, state.tat)
     due = slot(state, index, now)
     state.waiters[index].expires_at = due + grace
     return RateResult(False, index, now, max(0.0, due - now), state.tat)

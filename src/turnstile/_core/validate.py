@@ -19,6 +19,13 @@ MAX_TTL = 30 * 24 * 3600.0
 MAX_TIMEOUT = 30 * 24 * 3600.0
 MAX_LIMIT = 1_000_000
 
+# Priorities (docs/admission.md): -MAX_PRIORITY..MAX_PRIORITY, larger first; ageing in
+# seconds per level (True: DEFAULT_AGEING).
+MAX_PRIORITY = 1000
+DEFAULT_AGEING = 10.0
+MIN_AGEING = 0.01
+MAX_AGEING = 30 * 24 * 3600.0
+
 # Queues (docs/queue.md).
 MAX_PAYLOAD_BYTES = 256 * 1024  # encoded size: JSON text as UTF-8, or the raw bytes
 MAX_PAYLOAD_DEPTH = 128  # nesting of JSON arrays and objects (as serde_json's default)
@@ -161,6 +168,32 @@ def limit(value: Any, arg: str = "limit") -> int:
     if not 1 <= value <= MAX_LIMIT:
         raise InvalidArgument(f"{arg} must be between 1 and {MAX_LIMIT}, got {shown(value)}")
     return value
+
+
+def priority(value: Any, arg: str = "priority") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{arg} must be an integer, got {type(value).__name__}")
+    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgument(
+            f"{arg} must be between {-MAX_PRIORITY} and {MAX_PRIORITY} (larger is served "
+            f"first), got {shown(value)}"
+        )
+    return value
+
+
+def ageing(value: Any, arg: str = "ageing") -> float | None:
+    """``None``/``False``: strict priorities; ``True``: one level per
+    :data:`DEFAULT_AGEING` seconds waited; a number: that many seconds per level."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DEFAULT_AGEING
+    if not isinstance(value, int | float):
+        raise InvalidArgument(
+            f"{arg} must be None, True or a number of seconds per priority level, "
+            f"got {type(value).__name__}"
+        )
+    return seconds(value, arg, low=MIN_AGEING, high=MAX_AGEING)
 
 
 def token(value: Any, arg: str = "token") -> int | None:

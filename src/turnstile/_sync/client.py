@@ -45,13 +45,25 @@ class Client:
         *,
         on_lost: Callable[[Lease], object] | None = None,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> Lock:
         """A fair leased lock: one holder of ``name`` at a time, in arrival order.
 
         ``with client.lock(name) as lease:`` waits up to ``timeout`` seconds (``None``:
         without a limit) and keeps the lease renewed until the block ends; ``acquire``,
-        ``try_acquire`` and the rest give finer control."""
-        return Lock(self.backend, name, ttl, on_lost=on_lost, timeout=timeout)
+        ``try_acquire`` and the rest give finer control. ``priority`` (-1000 to 1000,
+        larger first, FIFO within a level) and ``ageing`` (``None``: strict; ``True``: one
+        level per 10 s waited; or seconds per level) place waiters (docs/admission.md)."""
+        return Lock(
+            self.backend,
+            name,
+            ttl,
+            on_lost=on_lost,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
 
     def semaphore(
         self,
@@ -61,12 +73,24 @@ class Client:
         *,
         on_lost: Callable[[Lease], object] | None = None,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> Semaphore:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order.
 
         ``with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
-        seconds (``None``: without a limit), like :meth:`lock`."""
-        return Semaphore(self.backend, name, limit, ttl, on_lost=on_lost, timeout=timeout)
+        seconds (``None``: without a limit), like :meth:`lock`, with the same ``priority``
+        and ``ageing``."""
+        return Semaphore(
+            self.backend,
+            name,
+            limit,
+            ttl,
+            on_lost=on_lost,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
 
     def rate_limit(
         self,
@@ -76,11 +100,23 @@ class Client:
         burst: int = 1,
         *,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> RateLimit:
         """A rate limit whose callers wait in line: at most ``burst`` at once from idle, at
         most ``rate + burst`` in any window of ``per`` seconds (store clock), admitted in
-        arrival order, each woken at its slot (docs/admission.md)."""
-        return RateLimit(self.backend, name, rate, per, burst, timeout=timeout)
+        arrival order (by ``priority`` first, as :meth:`lock`), each woken at its slot
+        (docs/admission.md)."""
+        return RateLimit(
+            self.backend,
+            name,
+            rate,
+            per,
+            burst,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
 
     def queue(
         self,

@@ -58,9 +58,13 @@ class RateLimit:
         burst: int = 1,
         *,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> None:
         self._backend = backend
         self.name = validate.name(name)
+        self.priority = validate.priority(priority)
+        self.ageing = validate.ageing(ageing)
         self.rate = validate.count(rate, "rate", MAX_RATE)
         self.per = validate.seconds(per, "per", low=MIN_PER, high=MAX_PER)
         self.burst = validate.count(burst, "burst", MAX_RATE)
@@ -72,7 +76,9 @@ class RateLimit:
             f"burst={self.burst}>"
         )
 
-    def _step(self, holder: str, enqueue: bool, grace: float) -> tuple[RateResult, float]:
+    def _step(
+        self, holder: str, enqueue: bool, grace: float, priority: int
+    ) -> tuple[RateResult, float]:
         result = self._backend.rate_acquire(
             self.name,
             holder,
@@ -81,23 +87,37 @@ class RateLimit:
             burst=self.burst,
             enqueue=enqueue,
             grace=grace,
+            priority=priority,
+            ageing=self.ageing,
         )
         # Read after the reply: the store's clock read `now` before this, so sleeping
         # `retry_after` from here never wakes before the slot.
         return result, time.monotonic()
 
-    def acquire(self, timeout: float | None = None, holder: str | None = None) -> float:
+    def _priority(self, priority: int | None) -> int:
+        return self.priority if priority is None else validate.priority(priority)
+
+    def acquire(
+        self,
+        timeout: float | None = None,
+        holder: str | None = None,
+        *,
+        priority: int | None = None,
+    ) -> float:
         """Wait in line until admitted (``timeout=None``: the limiter's own, else no limit).
         Returns the admission time on the store's clock. Raises
         :class:`~turnstile.AcquireTimeout` (and leaves the line) if the slot would come after
-        ``timeout``."""
+        ``timeout``. ``priority`` (default: the limiter's) places the caller in line: larger
+        first, FIFO within a level; a caller passed by a higher priority learns its later
+        slot when it comes back at its earlier one."""
         timeout = self.timeout if timeout is None else validate.timeout(timeout)
+        rank = self._priority(priority)
         holder = timing.default_holder() if holder is None else validate.holder(holder)
         deadline = None if timeout is None else time.monotonic() + timeout
         joined = False
         try:
             while True:
-                result, received = self._step(holder, True, BLOCKING_GRACE)
+                result, received = self._step(holder, True, BLOCKING_GRACE, rank)
                 if result.admitted:
                     joined = False
                     return result.now
@@ -116,18 +136,25 @@ class RateLimit:
                     self._backend.rate_leave(self.name, holder)
 
     def try_acquire(
-        self, holder: str, wait_ttl: float | None = None, *, enqueue: bool = True
+        self,
+        holder: str,
+        wait_ttl: float | None = None,
+        *,
+        enqueue: bool = True,
+        priority: int | None = None,
     ) -> RateTicket:
         """Ask once, never block: admitted now, or join the line (first call) and learn when
         to ask again (``retry_after``). Idempotent per ``holder``: asking again keeps the
         place. The place lapses ``wait_ttl`` seconds (default 60) after its slot if the
         holder has not asked again by then. With ``enqueue=False`` the caller is admitted
-        only if it conforms now and nobody waits, and does not join."""
+        only if it conforms now and nobody waits, and does not join. ``priority`` (default:
+        the limiter's) places a new entry in line."""
         holder = validate.holder(holder)
+        rank = self._priority(priority)
         grace = DEFAULT_WAIT_TTL if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
         if not isinstance(enqueue, bool):
             raise InvalidArgument("enqueue must be true or false")
-        result, _ = self._step(holder, enqueue, grace)
+        result, _ = self._step(holder, enqueue, grace, rank)
         return RateTicket(result.admitted, result.position, result.retry_after, result.now)
 
     def leave(self, holder: str) -> bool:

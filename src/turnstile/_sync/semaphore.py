@@ -238,12 +238,16 @@ class Semaphore:
         *,
         on_lost: Callable[[Lease], object] | None = None,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> None:
         self._backend = backend
         self.name = validate.name(name)
         self.limit = validate.limit(limit)
         self.ttl = validate.ttl(ttl)
         self.timeout = validate.timeout(timeout)
+        self.priority = validate.priority(priority)
+        self.ageing = validate.ageing(ageing)
         self._on_lost = on_lost
         # The leases of `with sem:` blocks running now, by task (sync: by thread).
         self._held: dict[object, Lease] = {}
@@ -285,12 +289,22 @@ class Semaphore:
             lease._claim_soon()
         return lease
 
+    def _priority(self, priority: int | None) -> int:
+        return self.priority if priority is None else validate.priority(priority)
+
     def _step(
-        self, holder: str, wait_ttl: float, enqueue: bool
+        self, holder: str, wait_ttl: float, enqueue: bool, priority: int = 0
     ) -> tuple[AcquireResult, float]:
         sent = time.monotonic()
         result = self._backend.acquire(
-            self.name, holder, limit=self.limit, ttl=self.ttl, wait_ttl=wait_ttl, enqueue=enqueue
+            self.name,
+            holder,
+            limit=self.limit,
+            ttl=self.ttl,
+            wait_ttl=wait_ttl,
+            enqueue=enqueue,
+            priority=priority,
+            ageing=self.ageing,
         )
         return result, sent
 
@@ -299,9 +313,12 @@ class Semaphore:
         with contextlib.suppress(BackendUnavailable):
             self._backend.release(self.name, holder, None)
 
-    def _acquire(self, timeout: float | None, holder: str | None) -> Lease:
+    def _acquire(
+        self, timeout: float | None, holder: str | None, priority: int | None = None
+    ) -> Lease:
         timeout = validate.timeout(timeout)
         holder = timing.default_holder() if holder is None else validate.holder(holder)
+        rank = self._priority(priority)
         wait_ttl = timing.blocking_wait_ttl(self.ttl)
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = None
@@ -313,7 +330,7 @@ class Semaphore:
                 waiter = self._backend.open_waiter(self.name, holder)
             # Inside the try: a step interrupted (cancelled) after the store applied it must
             # not leave a lease or a place in line behind.
-            result, sent = self._step(holder, wait_ttl, True)
+            result, sent = self._step(holder, wait_ttl, True, rank)
             if result.grant is not None:
                 log_acquire.debug(
                     "acquired %r token %d at once", self.name, result.grant.token
@@ -327,7 +344,7 @@ class Semaphore:
                     # needs no second look: the first step's answer stands until it wakes.
                     waiter = self._backend.open_waiter(self.name, holder)
                     if not self._backend.characteristics.keeps_early_wakeups:
-                        result, sent = self._step(holder, wait_ttl, True)
+                        result, sent = self._step(holder, wait_ttl, True, rank)
                 if result.grant is None:
                     # The store has confirmed our place in line (benchmarks time it, via the
                     # extra field, to check FIFO order without guessing).
@@ -357,7 +374,7 @@ class Semaphore:
                         log_acquire.debug("handed %r token %d", self.name, lease.token)
                         track.granted(lease.token, woken_with_grant=True)
                         return lease
-                    result, sent = self._step(holder, wait_ttl, True)
+                    result, sent = self._step(holder, wait_ttl, True, rank)
         except BaseException as exc:
             track.failed(exc)
             self._leave(holder)
@@ -371,14 +388,21 @@ class Semaphore:
             f"{self.name!r} was not granted within {timeout:g} s (limit {self.limit})"
         )
 
-    def acquire(self, timeout: float | None = None, holder: str | None = None) -> Lease:
+    def acquire(
+        self,
+        timeout: float | None = None,
+        holder: str | None = None,
+        *,
+        priority: int | None = None,
+    ) -> Lease:
         """Wait in line for a lease (``timeout=None``: without a time limit).
 
-        Waiters are granted in the order they first asked; a waiter is woken by the store when
-        the grant is handed to it. Raises :class:`~turnstile.AcquireTimeout` (and leaves the
+        Waiters are granted by priority (larger first; default: the object's ``priority``),
+        in the order they first asked within a level; a waiter is woken by the store when the
+        grant is handed to it. Raises :class:`~turnstile.AcquireTimeout` (and leaves the
         line) when ``timeout`` passes. ``holder`` defaults to an id unique to this call.
         Use the lease as ``with sem.acquire() as lease:`` to keep it renewed."""
-        return self._acquire(timeout, holder)
+        return self._acquire(timeout, holder, priority)
 
     def acquire_nowait(self, holder: str | None = None) -> Lease:
         """Take a free slot now, only if nobody is waiting; else raise
@@ -400,6 +424,7 @@ class Semaphore:
         *,
         enqueue: bool = True,
         callback: callbacks.Callback | None = None,
+        priority: int | None = None,
     ) -> Ticket:
         """Ask once, never block: hold, or join the line (first call) and learn the position.
 
@@ -415,8 +440,12 @@ class Semaphore:
         (:class:`~turnstile.Deliverer`, ``turnstile serve``, ``turnstile bridge sqs``), at
         least once, with the lease as ``{"name", "holder", "token", "expires_at", "limit"}``.
         The place then lasts ``wait_ttl`` (default one day) without asking again; asking again
-        with the same callback is harmless, with another one delivers the grant there too."""
+        with the same callback is harmless, with another one delivers the grant there too.
+
+        ``priority`` (default: the object's) places a new entry in line: larger first, FIFO
+        within a level; asking again keeps the place it has."""
         holder = validate.holder(holder)
+        rank = self._priority(priority)
         if not isinstance(enqueue, bool):
             raise InvalidArgument("enqueue must be true or false")
         if callback is not None:
@@ -434,12 +463,14 @@ class Semaphore:
                 ttl=self.ttl,
                 wait_ttl=wait,
                 callback=callbacks.encode(checked),
+                priority=rank,
+                ageing=self.ageing,
             )
             if result.grant is not None:
                 return Ticket(True, None, self._lease(result, sent), result.now, None)
             return Ticket(False, result.position, None, result.now, result.retry_after)
         wait = self.ttl if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
-        result, sent = self._step(holder, wait, enqueue)
+        result, sent = self._step(holder, wait, enqueue, rank)
         if result.grant is not None:
             return Ticket(True, None, self._lease(result, sent), result.now, None)
         return Ticket(False, result.position, None, result.now, result.retry_after)
@@ -565,8 +596,19 @@ class Lock(Semaphore):
         *,
         on_lost: Callable[[Lease], object] | None = None,
         timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
     ) -> None:
-        super().__init__(backend, name, 1, ttl, on_lost=on_lost, timeout=timeout)
+        super().__init__(
+            backend,
+            name,
+            1,
+            ttl,
+            on_lost=on_lost,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} ttl={self.ttl}>"

@@ -84,10 +84,20 @@ class AsyncBackend(Protocol):
     characteristics: Characteristics
 
     async def acquire(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         """Hold, join the line, or keep one's place (lock_machine.acquire). Idempotent per
-        holder. Raises ``lock_machine.limit_conflict`` when a newcomer names another limit
+        holder. A new waiting entry is placed by ``priority`` and ``ageing``
+        (_core/ranking.py). Raises ``lock_machine.limit_conflict`` when a newcomer names another limit
         than the busy name's. Waking the waiters this step granted on others' behalf is part of the
         operation."""
         ...
@@ -97,7 +107,16 @@ class AsyncBackend(Protocol):
         ...
 
     async def acquire_callback(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        callback: str,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         """lock_machine.acquire with ``callback`` (and ``enqueue``): join or keep a place as a
         callback waiter; its grant, now or later, carries a pending delivery written in the
@@ -130,6 +149,8 @@ class AsyncBackend(Protocol):
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         """rate_machine.acquire: admit, or join / keep a place in line and answer the slot.
         Raises ``rate_machine.rate_conflict`` when a busy name has another rate."""

@@ -82,17 +82,35 @@ class AsyncSQLiteBackend:
         return self._queues
 
     async def acquire(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         return await _compat.run_blocking(
-            self.store.acquire, name, holder, limit, ttl, wait_ttl, enqueue
+            self.store.acquire, name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing
         )
 
     async def acquire_callback(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        callback: str,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         return await _compat.run_blocking(
-            self.store.acquire, name, holder, limit, ttl, wait_ttl, True, callback
+            self.store.acquire, name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing
         )
 
     async def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:
@@ -118,9 +136,11 @@ class AsyncSQLiteBackend:
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         return await _compat.run_blocking(
-            self._rates.acquire, name, holder, rate, per, burst, enqueue, grace
+            self._rates.acquire, name, holder, rate, per, burst, enqueue, grace, priority, ageing
         )
 
     async def rate_leave(self, name: str, holder: str) -> bool:

@@ -86,14 +86,36 @@ class MemoryBackend:
                 event.set()
 
     def acquire(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
-        return self._acquire(name, holder, limit, ttl, wait_ttl, enqueue, None)
+        return self._acquire(
+            name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing
+        )
 
     def acquire_callback(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        callback: str,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
-        return self._acquire(name, holder, limit, ttl, wait_ttl, True, callback)
+        return self._acquire(
+            name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing
+        )
 
     def _acquire(
         self,
@@ -104,6 +126,8 @@ class MemoryBackend:
         wait_ttl: float,
         enqueue: bool,
         callback: str | None,
+        priority: int,
+        ageing: float | None,
     ) -> AcquireResult:
         with self._lock:
             state = self._states.setdefault(name, lock_machine.NameState(limit=limit))
@@ -119,6 +143,8 @@ class MemoryBackend:
                     now=self._clock(),
                     next_token=self._next_token,
                     callback=callback,
+                    priority=priority,
+                    ageing=ageing,
                 )
             finally:
                 if state.empty:
@@ -175,6 +201,8 @@ class MemoryBackend:
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         with self._lock:
             now = self._clock()
@@ -189,6 +217,8 @@ class MemoryBackend:
                 enqueue=enqueue,
                 grace=grace,
                 now=now,
+                priority=priority,
+                ageing=ageing,
             )
             self._keep_rate(name, state, now)
             return result

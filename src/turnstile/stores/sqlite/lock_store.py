@@ -232,8 +232,8 @@ class SQLiteStore:
         state.waiters = [
             lock_machine.WaiterRow(*w)
             for w in conn.execute(
-                "SELECT holder, ttl, wait_ttl, joined_at, expires_at, callback"
-                " FROM turnstile_waiters WHERE name = ? ORDER BY seq",
+                "SELECT holder, ttl, wait_ttl, joined_at, expires_at, callback, rank"
+                " FROM turnstile_waiters WHERE name = ? ORDER BY rank, seq",
                 (name,),
             )
         ]
@@ -257,7 +257,7 @@ class SQLiteStore:
             for k, h in state.holders.items()
         }
         waiters: dict[str, tuple[object, ...]] = {
-            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at, w.callback)
+            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at, w.callback, w.rank)
             for w in state.waiters
         }
         return state.limit, holders, waiters
@@ -287,7 +287,7 @@ class SQLiteStore:
             conn.execute(
                 "DELETE FROM turnstile_waiters WHERE name = ? AND holder = ?", (name, holder)
             )
-        for w in state.waiters:  # in line order, so new rows get increasing seq
+        for w in state.waiters:  # in line order: new rows get increasing seq (within a rank)
             values = new_waiters[w.holder]
             old = old_waiters.get(w.holder)
             if old is not None and old[2] != values[2]:
@@ -300,8 +300,8 @@ class SQLiteStore:
             if old is None:
                 conn.execute(
                     "INSERT INTO turnstile_waiters"
-                    " (name, holder, ttl, wait_ttl, joined_at, expires_at, callback)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    " (name, holder, ttl, wait_ttl, joined_at, expires_at, callback, rank)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (name, w.holder, *values),
                 )
             elif old != values:
@@ -372,6 +372,8 @@ class SQLiteStore:
         wait_ttl: float,
         enqueue: bool,
         callback: str | None = None,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         return self._mutate(
             name,
@@ -386,6 +388,8 @@ class SQLiteStore:
                 now=now,
                 next_token=tokens,
                 callback=callback,
+                priority=priority,
+                ageing=ageing,
             ),
         )
 

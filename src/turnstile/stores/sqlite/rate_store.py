@@ -30,8 +30,8 @@ class SQLiteRates:
         state.waiters = [
             rate_machine.RateWaiter(*w)
             for w in conn.execute(
-                "SELECT holder, joined_at, expires_at FROM turnstile_rate_waiters"
-                " WHERE name = ? ORDER BY seq",
+                "SELECT holder, joined_at, expires_at, rank FROM turnstile_rate_waiters"
+                " WHERE name = ? ORDER BY rank, seq",
                 (name,),
             )
         ]
@@ -68,13 +68,13 @@ class SQLiteRates:
                 "DELETE FROM turnstile_rate_waiters WHERE name = ? AND holder = ?",
                 (name, holder),
             )
-        for w in state.waiters:  # in line order: new rows get increasing seq
+        for w in state.waiters:  # in line order: new rows get increasing seq (within a rank)
             was = old.get(w.holder)
             if was is None:
                 conn.execute(
-                    "INSERT INTO turnstile_rate_waiters (name, holder, joined_at, expires_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (name, w.holder, w.joined_at, w.expires_at),
+                    "INSERT INTO turnstile_rate_waiters"
+                    " (name, holder, joined_at, expires_at, rank) VALUES (?, ?, ?, ?, ?)",
+                    (name, w.holder, w.joined_at, w.expires_at, w.rank),
                 )
             elif was.expires_at != w.expires_at:
                 conn.execute(
@@ -105,7 +105,7 @@ class SQLiteRates:
                 state.burst,
                 state.tat,
                 [
-                    rate_machine.RateWaiter(w.holder, w.joined_at, w.expires_at)
+                    rate_machine.RateWaiter(w.holder, w.joined_at, w.expires_at, w.rank)
                     for w in state.waiters
                 ],
                 list(state.admitted),
@@ -125,6 +125,8 @@ class SQLiteRates:
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         return self._step(
             name,
@@ -138,6 +140,8 @@ class SQLiteRates:
                 enqueue=enqueue,
                 grace=grace,
                 now=now,
+                priority=priority,
+                ageing=ageing,
             ),
         )
 

@@ -1,0 +1,46 @@
+"""Where a waiter stands in a line: priorities with optional ageing (docs/admission.md).
+
+Every line (a lock's, a semaphore's, a rate limit's) is kept in order of **rank**, smallest
+first, and within one rank in arrival order. A waiter's rank is fixed when it joins::
+
+    rank = stamp - priority * level
+
+* ``stamp`` is its arrival time on the store's clock in integer microseconds, made
+  strictly increasing per line (``max(now, newest stamp in line + 1)``), so two waiters of
+  one priority are always served in arrival order, even if the clock steps back;
+* ``level`` is what one priority level is worth in waiting time: with ageing, the caller's
+  ``ageing`` seconds (a waiter that has waited that long ranks with waiters one level above
+  that arrive now); without ageing, :data:`STRICT_LEVEL_US` (2**42 µs, about 51 days: more
+  than any acquire may wait, so in practice a lower level never passes a higher one).
+
+A larger priority is therefore served first, FIFO within a level, and ageing never lifts a
+waiter a whole level in less than ``ageing`` seconds. The rank is an integer below 2**53 in
+magnitude (|priority| <= 1000, ``level`` <= 2**42, stamps near 2**51), so a Redis sorted
+set's score (a double) holds it exactly and PostgreSQL keeps it in a bigint.
+
+Callers of one name should agree on ``ageing``: the rank of each waiter is computed with
+its own caller's value.
+"""
+
+from __future__ import annotations
+
+import math
+
+STRICT_LEVEL_US = 1 << 42
+
+
+def lead(priority: int, ageing: float | None) -> int:
+    """How far ahead of its arrival a waiter stands, in microseconds."""
+    level = STRICT_LEVEL_US if ageing is None else round(ageing * 1_000_000)
+    return priority * level
+
+
+def stamp(now: float, newest: int | None) -> int:
+    """A joining waiter's arrival stamp: the clock in µs, above the newest in line."""
+    at = math.floor(now * 1_000_000)
+    return at if newest is None else max(at, newest + 1)
+
+
+def stamp_of(joined_at: float) -> int:
+    """The stamp a waiter's ``joined_at`` (``stamp / 1e6``) was made from."""
+    return round(joined_at * 1_000_000)
