@@ -137,9 +137,10 @@ def wait_grant(
     holder: str,
     hold: float = 0.0,
     timeout: float = ACQUIRE_TIMEOUT,
+    priority: int = 0,
 ) -> None:
-    """On "go", wait in line as ``holder``; report the grant (time, token, CPU spent waiting),
-    hold it for ``hold`` seconds, release it and report that."""
+    """On "go", wait in line as ``holder`` (at ``priority``); report the grant (time, token,
+    CPU spent waiting), hold it for ``hold`` seconds, release it and report that."""
     sem = _primitive(ctx.client, name, limit, ttl)
     ctx.emit("ready")
     if ctx.command() != "go":
@@ -148,7 +149,7 @@ def wait_grant(
     asked = time.monotonic()
     ctx.emit("asking")
     try:
-        lease = sem.acquire(timeout=timeout, holder=holder)
+        lease = sem.acquire(timeout=timeout, holder=holder, priority=priority)
     except turnstile.AcquireTimeout:
         ctx.emit("timeout", waited=time.monotonic() - asked)
         return

@@ -216,6 +216,26 @@ def int_type(option: str, low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def add_priority_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--priority`` and ``--ageing``: where a new place in line goes (docs/admission.md)."""
+    parser.add_argument(
+        "--priority",
+        metavar="K",
+        type=int_type("--priority", -validate.MAX_PRIORITY, validate.MAX_PRIORITY),
+        default=0,
+        help=f"{what}: a larger K is served first, in arrival order within a level "
+        f"({-validate.MAX_PRIORITY} to {validate.MAX_PRIORITY}; default 0)",
+    )
+    parser.add_argument(
+        "--ageing",
+        metavar="S",
+        type=seconds_type("--ageing", validate.MIN_AGEING, validate.MAX_AGEING),
+        default=None,
+        help="seconds of waiting worth one priority level, so low priorities are not "
+        f"starved (e.g. {validate.DEFAULT_AGEING:g}; default: strict priorities)",
+    )
+
+
 def limit_type(option: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = _parse_int(text)

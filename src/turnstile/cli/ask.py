@@ -66,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a Step Functions task token, or - to read it from stdin",
     )
     target.add_argument("--callback-url", metavar="URL", help="an http(s) URL to POST the lease to")
+    _support.add_priority_options(parser, "place in line")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=ask_command)
 
@@ -88,9 +89,9 @@ def _callback(args: argparse.Namespace) -> callbacks.Callback:
 def ask_command(args: argparse.Namespace) -> int:
     callback = _callback(args)
     with _support.connect(args) as client:
-        ticket = client.semaphore(args.name, args.limit, ttl=args.ttl).try_acquire(
-            args.holder, args.wait_ttl, callback=callback
-        )
+        ticket = client.semaphore(
+            args.name, args.limit, ttl=args.ttl, priority=args.priority, ageing=args.ageing
+        ).try_acquire(args.holder, args.wait_ttl, callback=callback)
     token = ticket.lease.token if ticket.lease is not None else None
     if args.json:
         _support.print_json(

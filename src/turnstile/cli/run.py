@@ -182,6 +182,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=EXIT_LEASE_LOST,
         help=f"exit code when the lease was lost while CMD ran (default {EXIT_LEASE_LOST})",
     )
+    _support.add_priority_options(parser, "place in line")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="say on stderr when the lease is granted"
     )
@@ -228,10 +229,11 @@ def run_command(args: argparse.Namespace) -> int:
                 "no other process shares this lock"
             )
         sem: Semaphore
+        rank = {"priority": args.priority, "ageing": args.ageing}
         if kind == "lock":
-            sem = client.lock(name, ttl, on_lost=alarm)
+            sem = client.lock(name, ttl, on_lost=alarm, **rank)
         else:
-            sem = client.semaphore(name, limit, ttl, on_lost=alarm)
+            sem = client.semaphore(name, limit, ttl, on_lost=alarm, **rank)
         shown = f"{kind} {name!r}"
         started = time.monotonic()
         lease: Lease | None = None
@@ -322,7 +324,9 @@ def _run_rate_limited(
                 f"warning: {client.characteristics.scheme}:// is private to this process; "
                 "no other process shares this rate limit"
             )
-        limiter = client.rate_limit(name, rate, per, burst)
+        limiter = client.rate_limit(
+            name, rate, per, burst, priority=args.priority, ageing=args.ageing
+        )
         started = time.monotonic()
         with _support.stop_on_signals():  # leaves the line, then exits 128+N
             try:

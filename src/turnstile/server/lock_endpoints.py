@@ -28,7 +28,19 @@ from .common import (
     shutting_down,
 )
 from .deliveries import check_callback
-from .openapi import HOLDER, LIMIT, LISTING, NAME, TOKEN, TTL, callback_schema, obj, ref
+from .openapi import (
+    AGEING,
+    HOLDER,
+    LIMIT,
+    LISTING,
+    NAME,
+    PRIORITY,
+    TOKEN,
+    TTL,
+    callback_schema,
+    obj,
+    ref,
+)
 from .table import Endpoint, Field, Schema
 
 if TYPE_CHECKING:
@@ -42,10 +54,11 @@ def _primitive(ctx: Ctx, kind: str, *, ttl: float = 30.0) -> AsyncSemaphore:
     """The lock or semaphore the request names (its constructor checks name, limit, ttl),
     once the token may write it."""
     args = ctx.args
+    rank = {"priority": args.get("priority", 0), "ageing": args.get("ageing")}
     if kind == "locks":
-        sem: AsyncSemaphore = ctx.client.lock(args["name"], ttl)
+        sem: AsyncSemaphore = ctx.client.lock(args["name"], ttl, **rank)
     else:
-        sem = ctx.client.semaphore(args["name"], args["limit"], ttl)
+        sem = ctx.client.semaphore(args["name"], args["limit"], ttl, **rank)
     ctx.may_write(sem.name)
     return sem
 
@@ -249,6 +262,8 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                     **HOLDER, "description": HOLDER["description"] + " Default: a new random id.",
                 }),
                 Field("wait", wait),
+                Field("priority", PRIORITY),
+                Field("ageing", AGEING),
             ),
             response=obj(["acquired", "lease"],
                          {"acquired": {"const": True}, "lease": ref("Lease")}),
@@ -273,6 +288,8 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                 }),
                 Field("enqueue", {"type": "boolean", "default": True}),
                 Field("callback", callback_schema(config.callback_secret is not None)),
+                Field("priority", PRIORITY),
+                Field("ageing", AGEING),
             ),
             # A callback waits in line: not with `enqueue: false`.
             body_extra={"not": {"required": ["callback", "enqueue"],

@@ -66,6 +66,22 @@ LIMIT: Schema = {
     "maximum": validate.MAX_LIMIT,
     "description": "At most this many holders at once.",
 }
+PRIORITY: Schema = {
+    "type": "integer",
+    "minimum": -validate.MAX_PRIORITY,
+    "maximum": validate.MAX_PRIORITY,
+    "default": 0,
+    "description": "Where a new place in line goes: a larger number is served first, in "
+    "arrival order within a level. Asking again keeps the place it has.",
+}
+AGEING: Schema = {
+    "type": ["number", "boolean", "null"],
+    "minimum": validate.MIN_AGEING,
+    "maximum": validate.MAX_AGEING,
+    "default": None,
+    "description": "Seconds of waiting worth one priority level, so low priorities are not "
+    f"starved; `true`: {validate.DEFAULT_AGEING:g} s; null or false: strict priorities.",
+}
 TOKEN: Schema = {
     "type": "integer",
     "minimum": 1,

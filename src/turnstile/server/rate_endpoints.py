@@ -13,7 +13,7 @@ from .._async.rate_limit import AsyncRateLimit
 from .._core import validate
 from ..errors import AcquireTimeout
 from .common import CLOSING, DONE, Ctx, long_poll, new_holder, shutting_down
-from .openapi import HOLDER, NAME, RATE_FIELDS, TTL, obj, ref
+from .openapi import AGEING, HOLDER, NAME, PRIORITY, RATE_FIELDS, TTL, obj, ref
 from .table import Endpoint, Field
 
 if TYPE_CHECKING:
@@ -25,7 +25,12 @@ def _limiter(ctx: Ctx) -> AsyncRateLimit:
     once the token may write it."""
     args = ctx.args
     limiter = ctx.client.rate_limit(
-        args["name"], args["rate"], args.get("per", 1.0), args.get("burst", 1)
+        args["name"],
+        args["rate"],
+        args.get("per", 1.0),
+        args.get("burst", 1),
+        priority=args.get("priority", 0),
+        ageing=args.get("ageing"),
     )
     ctx.may_write(limiter.name)
     return limiter
@@ -115,6 +120,8 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
                     **HOLDER, "description": HOLDER["description"] + " Default: a new random id.",
                 }),
                 Field("wait", wait),
+                Field("priority", PRIORITY),
+                Field("ageing", AGEING),
             ),
             response=obj(["admitted", "holder", "now"], {
                 "admitted": {"const": True},
@@ -139,6 +146,8 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
                     "past its slot without asking again.",
                 }),
                 Field("enqueue", {"type": "boolean", "default": True}),
+                Field("priority", PRIORITY),
+                Field("ageing", AGEING),
             ),
             response=ref("RateTicket"),
             errors=(409,),

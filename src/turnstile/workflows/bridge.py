@@ -8,8 +8,10 @@ in-process :class:`~turnstile.workflows.deliverer.Deliverer` resumes each execut
 
 Messages (``docs/workflows.md`` has the full table)::
 
-    {"action": "acquire", "name", "limit"?=1, "ttl"?=30, "holder", "task_token", "wait_ttl"?}
-    {"action": "try",     "name", "limit"?=1, "ttl"?=30, "holder", "task_token", "wait_ttl"?}
+    {"action": "acquire", "name", "limit"?=1, "ttl"?=30, "holder", "task_token", "wait_ttl"?,
+     "priority"?=0, "ageing"?}
+    {"action": "try",     "name", "limit"?=1, "ttl"?=30, "holder", "task_token", "wait_ttl"?,
+     "priority"?=0, "ageing"?}
     {"action": "release", "name", "holder", "token"?, "task_token"?}
     {"action": "ack",     "queue", "id", "receipt", "task_token"?}
     {"action": "nack",    "queue", "id", "receipt", "error"?, "delay"?, "task_token"?}
@@ -68,8 +70,11 @@ ERROR_PREFIX = "turnstile."
 
 FIELDS: dict[str, tuple[set[str], set[str]]] = {
     # action: (required, optional) besides "action"
-    "acquire": ({"name", "holder", "task_token"}, {"limit", "ttl", "wait_ttl"}),
-    "try": ({"name", "holder", "task_token"}, {"limit", "ttl", "wait_ttl"}),
+    "acquire": (
+        {"name", "holder", "task_token"},
+        {"limit", "ttl", "wait_ttl", "priority", "ageing"},
+    ),
+    "try": ({"name", "holder", "task_token"}, {"limit", "ttl", "wait_ttl", "priority", "ageing"}),
     "release": ({"name", "holder"}, {"token", "task_token"}),
     "ack": ({"queue", "id", "receipt"}, {"task_token"}),
     "nack": ({"queue", "id", "receipt"}, {"error", "delay", "task_token"}),
@@ -321,7 +326,11 @@ class Bridge:
 
     def _semaphore(self, body: dict[str, Any]) -> Any:
         return self.client.semaphore(
-            body["name"], body.get("limit", 1), body.get("ttl", DEFAULT_TTL)
+            body["name"],
+            body.get("limit", 1),
+            body.get("ttl", DEFAULT_TTL),
+            priority=body.get("priority", 0),
+            ageing=body.get("ageing"),
         )
 
     def _wait(self, body: dict[str, Any], default: float | None) -> float | None:

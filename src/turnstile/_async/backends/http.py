@@ -174,6 +174,17 @@ def _retry_after(response: httpx.Response) -> float | None:
     return min(max(seconds, 0.0), RETRY_AFTER_CAP) if math.isfinite(seconds) else None
 
 
+def _ranked(priority: int, ageing: float | None) -> dict[str, Any]:
+    """The request fields of a place in line by priority: none when it is the default, so a
+    service that predates priorities still answers the plain asks."""
+    fields: dict[str, Any] = {}
+    if priority:
+        fields["priority"] = priority
+    if ageing is not None:
+        fields["ageing"] = ageing
+    return fields
+
+
 def _grant(data: dict[str, Any]) -> Grant:
     return Grant(
         data["name"],
@@ -569,7 +580,16 @@ class AsyncHTTPBackend:
         return self._queues
 
     async def acquire(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         # Cancelled while the request is in flight, the step may still be applied by the
         # service after the caller's clean-up (a release, on another connection) and leave a
@@ -585,6 +605,7 @@ class AsyncHTTPBackend:
                     "ttl": ttl,
                     "wait_ttl": wait_ttl,
                     "enqueue": enqueue,
+                    **_ranked(priority, ageing),
                 },
                 # A place in line lapses after wait_ttl: retrying longer would not keep it.
                 budget=min(self._timeout, wait_ttl),
@@ -599,7 +620,16 @@ class AsyncHTTPBackend:
         )
 
     async def acquire_callback(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        callback: str,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         # The stored text is the API's JSON form already (_core/callbacks.py).
         data = await _compat.finish_then_cancel(
@@ -613,6 +643,7 @@ class AsyncHTTPBackend:
                     "ttl": ttl,
                     "wait_ttl": wait_ttl,
                     "callback": json.loads(callback),
+                    **_ranked(priority, ageing),
                 },
                 budget=min(self._timeout, wait_ttl),
             )
@@ -706,6 +737,8 @@ class AsyncHTTPBackend:
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         # One step: a try-acquire whose place lasts `grace` past its slot. Repeating it is
         # harmless while the holder waits (it keeps its place); after an admission whose
@@ -721,6 +754,7 @@ class AsyncHTTPBackend:
                 "burst": burst,
                 "wait_ttl": grace,
                 "enqueue": enqueue,
+                **_ranked(priority, ageing),
             },
             # A place in line lapses `grace` after its slot: retrying longer would not keep it.
             budget=min(self._timeout, grace),

@@ -1,0 +1,67 @@
+"""Priorities over HTTP (``priority``, ``ageing`` on the try-acquire and acquire endpoints of
+locks, semaphores and rate limits) against a real `turnstile serve` process, and bad values
+named with their range."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.server.conftest import Served
+
+
+def test_tickets_and_status_follow_priority(sqlite_served: Served) -> None:
+    api = sqlite_served.api()
+    spec: dict[str, Any] = {"name": "p:sem", "limit": 1, "ttl": 120}
+    assert api.ok("/v1/semaphores/try-acquire", {**spec, "holder": "first"})["acquired"]
+    asks = [("low", 0), ("high", 7), ("mid", 3), ("aged", 0)]
+    positions = [
+        api.ok("/v1/semaphores/try-acquire", {**spec, "holder": h, "priority": p})["position"]
+        for h, p in asks
+    ]
+    assert positions == [0, 0, 1, 3]
+    status = api.ok("/v1/semaphores/status", {"name": "p:sem"})
+    assert [w["holder"] for w in status["waiters"]] == ["high", "mid", "low", "aged"]
+    lock = {"name": "p:lock", "ttl": 120}
+    api.ok("/v1/locks/try-acquire", {**lock, "holder": "first"})
+    api.ok("/v1/locks/try-acquire", {**lock, "holder": "a", "ageing": True})
+    ticket = api.ok("/v1/locks/try-acquire", {**lock, "holder": "b", "priority": 1, "ageing": 30})
+    assert ticket["position"] == 0
+    rate: dict[str, Any] = {"name": "p:rate", "rate": 1, "per": 600}
+    assert api.ok("/v1/rates/try-acquire", {**rate, "holder": "first"})["acquired"]
+    api.ok("/v1/rates/try-acquire", {**rate, "holder": "slow", "priority": -1})
+    fast = api.ok("/v1/rates/try-acquire", {**rate, "holder": "fast", "ageing": False})
+    assert fast["position"] == 0
+    api.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/v1/semaphores/try-acquire", {"limit": 2}),
+        ("/v1/locks/try-acquire", {}),
+        ("/v1/locks/acquire", {}),
+        ("/v1/rates/try-acquire", {"rate": 5}),
+        ("/v1/rates/acquire", {"rate": 5}),
+    ],
+)
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"priority": 1001}, "priority must be between -1000 and 1000"),
+        ({"priority": -10**30}, "priority must be between -1000 and 1000"),
+        ({"priority": 1.5}, "priority must be an integer"),
+        ({"priority": "1"}, "priority must be an integer"),
+        ({"ageing": 0}, "ageing must be between 0.01 and"),
+        ({"ageing": 10**12}, "ageing must be between 0.01 and"),
+        ({"ageing": "10"}, "ageing must be"),
+    ],
+)
+def test_bad_priorities_are_named(
+    sqlite_served: Served, path: str, extra: dict[str, Any], body: dict[str, Any], words: str
+) -> None:
+    api = sqlite_served.api()
+    response = api.post(path, {"name": "p:bad", "holder": "h", **extra, **body})
+    assert words in api.error(response, 422, "invalid_argument")
+    api.close()
