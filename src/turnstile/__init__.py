@@ -28,6 +28,7 @@ from ._core.records import (
 from ._core.validate import MAX_NAME_BYTES, MAX_PAYLOAD_BYTES
 from ._sync.client import Client
 from ._sync.client import connect as _connect
+from ._sync.group import SemaphoreGroup
 from ._sync.queue import Message, Queue
 from ._sync.rate_limit import RateLimit, RateTicket
 from ._sync.semaphore import Lease, Lock, Semaphore, Ticket
@@ -71,6 +72,7 @@ __all__ = [
     "RateStatus",
     "RateTicket",
     "Semaphore",
+    "SemaphoreGroup",
     "Status",
     "StepFunctionsCallback",
     "Ticket",

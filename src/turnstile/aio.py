@@ -12,6 +12,7 @@ from typing import Any
 
 from ._async.client import AsyncClient
 from ._async.client import connect as _connect
+from ._async.group import AsyncSemaphoreGroup
 from ._async.queue import AsyncMessage, AsyncQueue
 from ._async.rate_limit import AsyncRateLimit, AsyncRateTicket
 from ._async.semaphore import AsyncLease, AsyncLock, AsyncSemaphore, AsyncTicket
@@ -50,6 +51,7 @@ Queue = AsyncQueue
 RateLimit = AsyncRateLimit
 RateTicket = AsyncRateTicket
 Semaphore = AsyncSemaphore
+SemaphoreGroup = AsyncSemaphoreGroup
 Ticket = AsyncTicket
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "AsyncRateLimit",
     "AsyncRateTicket",
     "AsyncSemaphore",
+    "AsyncSemaphoreGroup",
     "AsyncTicket",
     "BackendUnavailable",
     "Characteristics",
@@ -87,6 +90,7 @@ __all__ = [
     "RateStatus",
     "RateTicket",
     "Semaphore",
+    "SemaphoreGroup",
     "Status",
     "StepFunctionsCallback",
     "Ticket",

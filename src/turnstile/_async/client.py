@@ -15,6 +15,7 @@ from .._core.validate import DEFAULT_DEDUP_WINDOW
 from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.protocol import AsyncBackend, AsyncQueueBackend
+from .group import AsyncSemaphoreGroup
 from .queue import AsyncQueue
 from .rate_limit import AsyncRateLimit
 from .renewer import close_renewers
@@ -84,6 +85,33 @@ class AsyncClient:
             self.backend,
             name,
             limit,
+            ttl,
+            on_lost=on_lost,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
+
+    def semaphore_group(
+        self,
+        name: str,
+        per_key: int,
+        total: int,
+        ttl: float = 30.0,
+        *,
+        on_lost: Callable[[AsyncLease], object] | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
+    ) -> AsyncSemaphoreGroup:
+        """Per-key limits under a total cap: at most ``per_key`` holders per key and at most
+        ``total`` in all, in one line where a busy key never holds up the others
+        (``async with group.acquire(key) as lease:``; docs/admission.md)."""
+        return AsyncSemaphoreGroup(
+            self.backend,
+            name,
+            per_key,
+            total,
             ttl,
             on_lost=on_lost,
             timeout=timeout,

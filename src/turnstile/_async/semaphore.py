@@ -284,6 +284,10 @@ class AsyncSemaphore:
         self.timeout = validate.timeout(timeout)
         self.priority = validate.priority(priority)
         self.ageing = validate.ageing(ageing)
+        # A member of a semaphore group (group.py): the key it asks for, and the group's
+        # per-key limit (``limit`` is then the group's total).
+        self._key: str | None = None
+        self._per_key: int | None = None
         self._on_lost = on_lost
         # The leases of `async with sem:` blocks running now, by task (sync: by thread).
         self._held: dict[object, AsyncLease] = {}
@@ -341,6 +345,8 @@ class AsyncSemaphore:
             enqueue=enqueue,
             priority=priority,
             ageing=self.ageing,
+            key=self._key,
+            per_key=self._per_key,
         )
         return result, sent
 
@@ -521,6 +527,8 @@ class AsyncSemaphore:
                 callback=callbacks.encode(checked),
                 priority=rank,
                 ageing=self.ageing,
+                key=self._key,
+                per_key=self._per_key,
             )
             if result.grant is not None:
                 return AsyncTicket(True, None, self._lease(result, sent), result.now, None)
@@ -585,7 +593,14 @@ class AsyncSemaphore:
         """Holders (with tokens and times) and waiters in order, on the store's clock."""
         status = await self._backend.status(self.name)
         if status.limit is None:
-            status = Status(status.name, self.limit, status.holders, status.waiters, status.now)
+            status = Status(
+                status.name,
+                self.limit,
+                status.holders,
+                status.waiters,
+                status.now,
+                per_key=self._per_key,
+            )
         return status
 
     async def locked(self) -> bool:

@@ -27,6 +27,13 @@ grant expires like any other lease. Nobody polls for a callback waiter, so expir
 with callback waiters are acted on by the deliverer's :func:`take_deliveries` sweep
 (:func:`due`).
 
+A **semaphore group** is a name with ``per_key``: every holder and waiter names a *key*
+(a tenant, an account), and the name's ``limit`` is the *total*: at most ``per_key``
+holders per key and at most ``limit`` in all. :func:`promote` then grants, in line order,
+every waiter whose key has room while the total has room, **skipping** waiters whose key is
+full: a busy key never blocks the keys behind it (no head-of-line blocking), and the
+invariant becomes "no waiter that could be granted is left waiting".
+
 A name has **one limit** while it has holders or waiters: the limit of the acquire that
 found it idle (an idle name keeps no state), changed only by :func:`set_limit`. An acquire
 by a newcomer (neither holding nor waiting) that names another limit is refused
@@ -66,6 +73,26 @@ def limit_conflict(name: str, current: int, asked: int) -> LimitConflict:
     )
 
 
+def group_conflict(
+    name: str, current: tuple[int, int | None], asked: tuple[int, int | None]
+) -> LimitConflict:
+    """The refusal of an acquire that names another ``per_key`` (or is a group where the name
+    is a plain semaphore, or the other way round) on a busy name."""
+
+    def shown(shape: tuple[int, int | None]) -> str:
+        limit, per_key = shape
+        if per_key is None:
+            return f"a semaphore of limit {limit}"
+        return f"a semaphore group of per_key={per_key} total={limit}"
+
+    return LimitConflict(
+        f"{name!r} is {shown(current)} while it has holders or waiters; this call asked for "
+        f"{shown(asked)}. Ask with the same shape, or wait until the name is idle",
+        current[0],
+        asked[0],
+    )
+
+
 def clock_token(last: int, now: float) -> int:
     """Next fencing token: above ``last`` and at least the store clock in microseconds.
 
@@ -90,6 +117,7 @@ class HolderRow:
     pending: bool = False
     claimed_until: float = 0.0
     attempts: int = 0
+    key: str | None = None  # a semaphore group's key
 
 
 @dataclass(slots=True)
@@ -101,6 +129,7 @@ class WaiterRow:
     expires_at: float
     callback: str | None = field(default=None, repr=False)  # holds a task token
     rank: int = 0  # the line's order (_core/ranking.py): smallest first
+    key: str | None = None  # a semaphore group's key
 
 
 @dataclass(slots=True)
@@ -108,6 +137,26 @@ class NameState:
     limit: int = 1
     holders: dict[str, HolderRow] = field(default_factory=dict)
     waiters: list[WaiterRow] = field(default_factory=list)
+    per_key: int | None = None  # a semaphore group: at most this many holders per key
+
+    def key_counts(self) -> dict[str | None, int]:
+        counts: dict[str | None, int] = {}
+        for h in self.holders.values():
+            counts[h.key] = counts.get(h.key, 0) + 1
+        return counts
+
+    def has_room(self, key: str | None, counts: dict[str | None, int] | None = None) -> bool:
+        """Whether a grant to ``key`` would keep the limit (and the per-key limit)."""
+        if len(self.holders) >= self.limit:
+            return False
+        if self.per_key is None:
+            return True
+        return (self.key_counts() if counts is None else counts).get(key, 0) < self.per_key
+
+    def grantable_waiter(self) -> bool:
+        """Whether a live waiter could be granted now (promote leaves none)."""
+        counts = self.key_counts()
+        return any(self.has_room(w.key, counts) for w in self.waiters)
 
     @property
     def empty(self) -> bool:
@@ -138,21 +187,33 @@ def purge(state: NameState, now: float) -> bool:
 def promote(
     state: NameState, now: float, next_token: Callable[[], int], claimant: str | None
 ) -> list[str]:
-    """Grant free slots to waiters from the front. Returns the holders granted *for* someone
-    else (to be woken); ``claimant`` (the caller) gets a claimed grant at once."""
+    """Grant free slots to waiters from the front (in a semaphore group: to every waiter in
+    line order whose key has room, skipping those whose key is full). Returns the holders
+    granted *for* someone else (to be woken); ``claimant`` (the caller) gets a claimed grant
+    at once."""
     woken: list[str] = []
-    while state.waiters and len(state.holders) < state.limit:
-        w = state.waiters.pop(0)
+    counts = state.key_counts() if state.per_key is not None else None
+    index = 0
+    while index < len(state.waiters) and len(state.holders) < state.limit:
+        w = state.waiters[index]
+        if counts is not None:
+            if not state.has_room(w.key, counts):
+                index += 1  # its key is full: the waiters behind it go on
+                continue
+            counts[w.key] = counts.get(w.key, 0) + 1
+        del state.waiters[index]
         if w.callback is not None:
             # Nobody to wake and nobody to claim it: the grant is claimed for its full ttl
             # and its delivery is pending, written in this very step.
             state.holders[w.holder] = HolderRow(
-                w.holder, next_token(), now, now + w.ttl, True, w.callback, True
+                w.holder, next_token(), now, now + w.ttl, True, w.callback, True, key=w.key
             )
             continue
         claimed = w.holder == claimant
         lease = w.ttl if claimed else min(w.ttl, w.wait_ttl)
-        state.holders[w.holder] = HolderRow(w.holder, next_token(), now, now + lease, claimed)
+        state.holders[w.holder] = HolderRow(
+            w.holder, next_token(), now, now + lease, claimed, key=w.key
+        )
         if not claimed:
             woken.append(w.holder)
     return woken
@@ -194,6 +255,8 @@ def acquire(
     callback: str | None = None,
     priority: int = 0,
     ageing: float | None = None,
+    key: str | None = None,
+    per_key: int | None = None,
 ) -> tuple[AcquireResult, list[str]]:
     """One step of acquiring: hold, join or keep one's place in line, or (``enqueue=False``)
     take a free slot only if nobody waits. Idempotent per ``holder``.
@@ -208,14 +271,21 @@ def acquire(
     harmless); a holder asking with another callback (a new task token) gets its current
     grant delivered there.
 
+    With ``per_key`` the name is a semaphore group (``limit`` is its total) and the caller
+    asks for ``key``; a holder id stands for one lease in a group, whatever key it names
+    later.
+
     Raises :func:`limit_conflict` (changing nothing but the purge) when a newcomer names
-    another limit than the busy name's; an idle name takes the caller's limit."""
+    another limit than the busy name's (or another ``per_key``: :func:`group_conflict`); an
+    idle name takes the caller's."""
     purge(state, now)
     if state.empty:
-        state.limit = limit
-    elif state.limit != limit and not (
+        state.limit, state.per_key = limit, per_key
+    elif (state.limit != limit or state.per_key != per_key) and not (
         holder in state.holders or any(w.holder == holder for w in state.waiters)
     ):
+        if state.per_key != per_key:
+            raise group_conflict(name, (state.limit, state.per_key), (limit, per_key))
         raise limit_conflict(name, state.limit, limit)
     # Expiries free slots for the waiters in front; the caller may be one
     # of them and then claims its grant below, so it is not among those to be woken.
@@ -237,10 +307,12 @@ def acquire(
         w.ttl, w.wait_ttl, w.expires_at = ttl, wait_ttl, now + wait_ttl
         if callback is not None:
             w.callback = callback
-    elif enqueue or (not state.waiters and len(state.holders) < state.limit):
+    elif enqueue or state.has_room(key):
+        # (Without joining, only a free slot: promote above left none that a waiter could
+        # take, so room for this key is room nobody in line can use.)
         join(
             state,
-            WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl, callback),
+            WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl, callback, key=key),
             now,
             ranking.lead(priority, ageing),
         )
@@ -306,7 +378,7 @@ def due(state: NameState, now: float) -> bool:
         return True
     if any(w.expires_at <= now for w in state.waiters):
         return True
-    if state.waiters and len(state.holders) < state.limit:
+    if state.waiters and state.grantable_waiter():
         # A free slot before a live waiter: left by a step that purged and then refused
         # (a limit conflict raises before promoting); the deliverer's step grants it.
         return True
@@ -386,6 +458,7 @@ def status(state: NameState, *, name: str, now: float) -> Status:
     return Status(
         name=name,
         limit=state.limit if not state.empty else None,
+        per_key=state.per_key if not state.empty else None,
         holders=tuple(
             HolderInfo(
                 h.holder,
@@ -394,11 +467,12 @@ def status(state: NameState, *, name: str, now: float) -> Status:
                 h.expires_at,
                 callback_kind(h.callback),
                 delivery_state(h.callback, h.pending),
+                h.key,
             )
             for h in holders
         ),
         waiters=tuple(
-            WaiterInfo(w.holder, i, w.joined_at, w.expires_at, callback_kind(w.callback))
+            WaiterInfo(w.holder, i, w.joined_at, w.expires_at, callback_kind(w.callback), w.key)
             for i, w in enumerate(waiters)
         ),
         now=now,

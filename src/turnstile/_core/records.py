@@ -51,6 +51,7 @@ class HolderInfo:
     # and its delivery ("pending" or "delivered").
     callback: str | None = None
     delivery: str | None = None
+    key: str | None = None  # a semaphore group's: the key it holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class WaiterInfo:
     joined_at: float
     expires_at: float
     callback: str | None = None  # a callback waiter: its callback's kind
+    key: str | None = None  # a semaphore group's: the key it waits for
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,8 @@ class Status:
     holders: tuple[HolderInfo, ...] = field(default_factory=tuple)
     waiters: tuple[WaiterInfo, ...] = field(default_factory=tuple)
     now: float = 0.0
+    # A semaphore group (``limit`` is its total): at most this many holders per key.
+    per_key: int | None = None
 
     @property
     def free(self) -> int | None:
@@ -103,6 +107,7 @@ class Status:
         return {
             "name": self.name,
             "limit": self.limit,
+            **({"per_key": self.per_key} if self.per_key is not None else {}),
             "now": self.now,
             "holders": [
                 {
@@ -113,6 +118,7 @@ class Status:
                     "age": round(self.now - h.acquired_at, 6),
                     "expires_in": round(h.expires_at - self.now, 6),
                     **({"callback": h.callback, "delivery": h.delivery} if h.callback else {}),
+                    **({"key": h.key} if h.key is not None else {}),
                 }
                 for h in self.holders
             ],
@@ -124,6 +130,7 @@ class Status:
                     "expires_at": w.expires_at,
                     "waiting": round(self.now - w.joined_at, 6),
                     **({"callback": w.callback} if w.callback else {}),
+                    **({"key": w.key} if w.key is not None else {}),
                 }
                 for w in self.waiters
             ],

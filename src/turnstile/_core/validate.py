@@ -230,6 +230,21 @@ def key(value: Any) -> str | None:
     return None if value is None else _text(value, "key", MAX_KEY_BYTES)
 
 
+def group_key(value: Any, arg: str = "key") -> str:
+    """A semaphore group's key: 1 to :data:`MAX_KEY_BYTES` bytes of UTF-8, no NUL."""
+    return _text(value, arg, MAX_KEY_BYTES)
+
+
+def group_limits(per_key: Any, total: Any) -> tuple[int, int]:
+    per_key, total = limit(per_key, "per_key"), limit(total, "total")
+    if per_key > total:
+        raise InvalidArgument(
+            f"per_key ({per_key}) must be at most total ({total}): no key can hold more "
+            "than the whole group"
+        )
+    return per_key, total
+
+
 def dedup_id(value: Any) -> str | None:
     return None if value is None else _text(value, "dedup_id", MAX_DEDUP_ID_BYTES)
 

@@ -16,6 +16,7 @@ from .._core.validate import DEFAULT_DEDUP_WINDOW
 from ..errors import ConfigurationError, InvalidArgument, NotSupported
 from . import _compat
 from .backends.protocol import Backend, QueueBackend
+from .group import SemaphoreGroup
 from .queue import Queue
 from .rate_limit import RateLimit
 from .renewer import close_renewers
@@ -85,6 +86,33 @@ class Client:
             self.backend,
             name,
             limit,
+            ttl,
+            on_lost=on_lost,
+            timeout=timeout,
+            priority=priority,
+            ageing=ageing,
+        )
+
+    def semaphore_group(
+        self,
+        name: str,
+        per_key: int,
+        total: int,
+        ttl: float = 30.0,
+        *,
+        on_lost: Callable[[Lease], object] | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        ageing: float | bool | None = None,
+    ) -> SemaphoreGroup:
+        """Per-key limits under a total cap: at most ``per_key`` holders per key and at most
+        ``total`` in all, in one line where a busy key never holds up the others
+        (``with group.acquire(key) as lease:``; docs/admission.md)."""
+        return SemaphoreGroup(
+            self.backend,
+            name,
+            per_key,
+            total,
             ttl,
             on_lost=on_lost,
             timeout=timeout,

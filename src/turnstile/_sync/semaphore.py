@@ -248,6 +248,10 @@ class Semaphore:
         self.timeout = validate.timeout(timeout)
         self.priority = validate.priority(priority)
         self.ageing = validate.ageing(ageing)
+        # A member of a semaphore group (group.py): the key it asks for, and the group's
+        # per-key limit (``limit`` is then the group's total).
+        self._key: str | None = None
+        self._per_key: int | None = None
         self._on_lost = on_lost
         # The leases of `with sem:` blocks running now, by task (sync: by thread).
         self._held: dict[object, Lease] = {}
@@ -305,6 +309,8 @@ class Semaphore:
             enqueue=enqueue,
             priority=priority,
             ageing=self.ageing,
+            key=self._key,
+            per_key=self._per_key,
         )
         return result, sent
 
@@ -465,6 +471,8 @@ class Semaphore:
                 callback=callbacks.encode(checked),
                 priority=rank,
                 ageing=self.ageing,
+                key=self._key,
+                per_key=self._per_key,
             )
             if result.grant is not None:
                 return Ticket(True, None, self._lease(result, sent), result.now, None)
@@ -529,7 +537,14 @@ class Semaphore:
         """Holders (with tokens and times) and waiters in order, on the store's clock."""
         status = self._backend.status(self.name)
         if status.limit is None:
-            status = Status(status.name, self.limit, status.holders, status.waiters, status.now)
+            status = Status(
+                status.name,
+                self.limit,
+                status.holders,
+                status.waiters,
+                status.now,
+                per_key=self._per_key,
+            )
         return status
 
     def locked(self) -> bool:

@@ -185,6 +185,11 @@ def _ranked(priority: int, ageing: float | None) -> dict[str, Any]:
     return fields
 
 
+def _grouped(key: str | None, per_key: int | None) -> dict[str, Any]:
+    """The request fields of a semaphore group's ask: none for a plain semaphore."""
+    return {} if per_key is None else {"key": key, "per_key": per_key}
+
+
 def _grant(data: dict[str, Any]) -> Grant:
     return Grant(
         data["name"],
@@ -590,6 +595,8 @@ class AsyncHTTPBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         # Cancelled while the request is in flight, the step may still be applied by the
         # service after the caller's clean-up (a release, on another connection) and leave a
@@ -606,6 +613,7 @@ class AsyncHTTPBackend:
                     "wait_ttl": wait_ttl,
                     "enqueue": enqueue,
                     **_ranked(priority, ageing),
+                    **_grouped(key, per_key),
                 },
                 # A place in line lapses after wait_ttl: retrying longer would not keep it.
                 budget=min(self._timeout, wait_ttl),
@@ -630,6 +638,8 @@ class AsyncHTTPBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         # The stored text is the API's JSON form already (_core/callbacks.py).
         data = await _compat.finish_then_cancel(
@@ -644,6 +654,7 @@ class AsyncHTTPBackend:
                     "wait_ttl": wait_ttl,
                     "callback": json.loads(callback),
                     **_ranked(priority, ageing),
+                    **_grouped(key, per_key),
                 },
                 budget=min(self._timeout, wait_ttl),
             )

@@ -95,9 +95,11 @@ class AsyncMemoryBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return self._acquire(
-            name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing
+            name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing, key, per_key
         )
 
     async def acquire_callback(
@@ -111,9 +113,11 @@ class AsyncMemoryBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return self._acquire(
-            name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing
+            name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing, key, per_key
         )
 
     def _acquire(
@@ -127,6 +131,8 @@ class AsyncMemoryBackend:
         callback: str | None,
         priority: int,
         ageing: float | None,
+        key: str | None,
+        per_key: int | None,
     ) -> AcquireResult:
         with self._lock:
             state = self._states.setdefault(name, lock_machine.NameState(limit=limit))
@@ -144,6 +150,8 @@ class AsyncMemoryBackend:
                     callback=callback,
                     priority=priority,
                     ageing=ageing,
+                    key=key,
+                    per_key=per_key,
                 )
             finally:
                 if state.empty:

@@ -92,9 +92,22 @@ class AsyncSQLiteBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return await _compat.run_blocking(
-            self.store.acquire, name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing
+            self.store.acquire,
+            name,
+            holder,
+            limit,
+            ttl,
+            wait_ttl,
+            enqueue,
+            None,
+            priority,
+            ageing,
+            key,
+            per_key,
         )
 
     async def acquire_callback(
@@ -108,9 +121,22 @@ class AsyncSQLiteBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return await _compat.run_blocking(
-            self.store.acquire, name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing
+            self.store.acquire,
+            name,
+            holder,
+            limit,
+            ttl,
+            wait_ttl,
+            True,
+            callback,
+            priority,
+            ageing,
+            key,
+            per_key,
         )
 
     async def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:

@@ -186,6 +186,11 @@ def _ranked(priority: int, ageing: float | None) -> dict[str, Any]:
     return fields
 
 
+def _grouped(key: str | None, per_key: int | None) -> dict[str, Any]:
+    """The request fields of a semaphore group's ask: none for a plain semaphore."""
+    return {} if per_key is None else {"key": key, "per_key": per_key}
+
+
 def _grant(data: dict[str, Any]) -> Grant:
     return Grant(
         data["name"],
@@ -591,6 +596,8 @@ class HTTPBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         # Cancelled while the request is in flight, the step may still be applied by the
         # service after the caller's clean-up (a release, on another connection) and leave a
@@ -607,6 +614,7 @@ class HTTPBackend:
                     "wait_ttl": wait_ttl,
                     "enqueue": enqueue,
                     **_ranked(priority, ageing),
+                    **_grouped(key, per_key),
                 },
                 # A place in line lapses after wait_ttl: retrying longer would not keep it.
                 budget=min(self._timeout, wait_ttl),
@@ -631,6 +639,8 @@ class HTTPBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         # The stored text is the API's JSON form already (_core/callbacks.py).
         data = _compat.finish_then_cancel(
@@ -645,6 +655,7 @@ class HTTPBackend:
                     "wait_ttl": wait_ttl,
                     "callback": json.loads(callback),
                     **_ranked(priority, ageing),
+                    **_grouped(key, per_key),
                 },
                 budget=min(self._timeout, wait_ttl),
             )

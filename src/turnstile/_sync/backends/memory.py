@@ -96,9 +96,11 @@ class MemoryBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return self._acquire(
-            name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing
+            name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing, key, per_key
         )
 
     def acquire_callback(
@@ -112,9 +114,11 @@ class MemoryBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return self._acquire(
-            name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing
+            name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing, key, per_key
         )
 
     def _acquire(
@@ -128,6 +132,8 @@ class MemoryBackend:
         callback: str | None,
         priority: int,
         ageing: float | None,
+        key: str | None,
+        per_key: int | None,
     ) -> AcquireResult:
         with self._lock:
             state = self._states.setdefault(name, lock_machine.NameState(limit=limit))
@@ -145,6 +151,8 @@ class MemoryBackend:
                     callback=callback,
                     priority=priority,
                     ageing=ageing,
+                    key=key,
+                    per_key=per_key,
                 )
             finally:
                 if state.empty:

@@ -95,12 +95,16 @@ class Backend(Protocol):
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         """Hold, join the line, or keep one's place (lock_machine.acquire). Idempotent per
         holder. A new waiting entry is placed by ``priority`` and ``ageing``
-        (_core/ranking.py). Raises ``lock_machine.limit_conflict`` when a newcomer names
-        another limit than the busy name's. Waking the waiters this step granted on others'
-        behalf is part of the operation."""
+        (_core/ranking.py). With ``per_key`` the name is a semaphore group whose total is
+        ``limit`` and the caller asks for ``key`` (lock_machine: no head-of-line blocking).
+        Raises ``lock_machine.limit_conflict`` (``group_conflict``) when a newcomer names
+        another limit (``per_key``) than the busy name's. Waking the waiters this step
+        granted on others' behalf is part of the operation."""
         ...
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
@@ -118,6 +122,8 @@ class Backend(Protocol):
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         """lock_machine.acquire with ``callback`` (and ``enqueue``): join or keep a place as a
         callback waiter; its grant, now or later, carries a pending delivery written in the

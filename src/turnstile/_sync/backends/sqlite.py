@@ -93,9 +93,22 @@ class SQLiteBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return _compat.run_blocking(
-            self.store.acquire, name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing
+            self.store.acquire,
+            name,
+            holder,
+            limit,
+            ttl,
+            wait_ttl,
+            enqueue,
+            None,
+            priority,
+            ageing,
+            key,
+            per_key,
         )
 
     def acquire_callback(
@@ -109,9 +122,22 @@ class SQLiteBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return _compat.run_blocking(
-            self.store.acquire, name, holder, limit, ttl, wait_ttl, True, callback, priority, ageing
+            self.store.acquire,
+            name,
+            holder,
+            limit,
+            ttl,
+            wait_ttl,
+            True,
+            callback,
+            priority,
+            ageing,
+            key,
+            per_key,
         )
 
     def take_deliveries(self, *, lease: float, max_count: int) -> list[CallbackDelivery]:

@@ -216,23 +216,27 @@ class SQLiteStore:
     def _load(conn: sqlite3.Connection, name: str) -> lock_machine.NameState:
         # _save keeps a turnstile_names row exactly while the name has holder or waiter rows,
         # so an idle name costs one lookup.
-        row = conn.execute("SELECT lim FROM turnstile_names WHERE name = ?", (name,)).fetchone()
+        row = conn.execute(
+            "SELECT lim, per_key FROM turnstile_names WHERE name = ?", (name,)
+        ).fetchone()
         state = lock_machine.NameState(limit=row[0] if row else 1)
+        if row is not None:
+            state.per_key = row[1]
         if row is None:
             return state
         # (One UNION ALL query for both measured slower: its ORDER BY needs a sort.)
         for h in conn.execute(
             "SELECT holder, token, acquired_at, expires_at, claimed, callback, pending,"
-            " claimed_until, attempts FROM turnstile_holders WHERE name = ?",
+            " claimed_until, attempts, group_key FROM turnstile_holders WHERE name = ?",
             (name,),
         ):
             state.holders[h[0]] = lock_machine.HolderRow(
-                h[0], h[1], h[2], h[3], bool(h[4]), h[5], bool(h[6]), h[7], h[8]
+                h[0], h[1], h[2], h[3], bool(h[4]), h[5], bool(h[6]), h[7], h[8], h[9]
             )
         state.waiters = [
             lock_machine.WaiterRow(*w)
             for w in conn.execute(
-                "SELECT holder, ttl, wait_ttl, joined_at, expires_at, callback, rank"
+                "SELECT holder, ttl, wait_ttl, joined_at, expires_at, callback, rank, group_key"
                 " FROM turnstile_waiters WHERE name = ? ORDER BY rank, seq",
                 (name,),
             )
@@ -242,7 +246,9 @@ class SQLiteStore:
     @staticmethod
     def _snapshot(
         state: lock_machine.NameState,
-    ) -> tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]]:
+    ) -> tuple[
+        tuple[int, int | None], dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]
+    ]:
         holders: dict[str, tuple[object, ...]] = {
             k: (
                 h.token,
@@ -253,20 +259,23 @@ class SQLiteStore:
                 h.pending,
                 h.claimed_until,
                 h.attempts,
+                h.key,
             )
             for k, h in state.holders.items()
         }
         waiters: dict[str, tuple[object, ...]] = {
-            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at, w.callback, w.rank)
+            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at, w.callback, w.rank, w.key)
             for w in state.waiters
         }
-        return state.limit, holders, waiters
+        return (state.limit, state.per_key), holders, waiters
 
     def _save(
         self,
         conn: sqlite3.Connection,
         name: str,
-        before: tuple[int, dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]],
+        before: tuple[
+            tuple[int, int | None], dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]
+        ],
         state: lock_machine.NameState,
     ) -> None:
         old_limit, old_holders, old_waiters = before
@@ -280,7 +289,7 @@ class SQLiteStore:
                 conn.execute(
                     "INSERT OR REPLACE INTO turnstile_holders (name, holder, token,"
                     " acquired_at, expires_at, claimed, callback, pending, claimed_until,"
-                    " attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " attempts, group_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (name, holder, *values),
                 )
         for holder in old_waiters.keys() - new_waiters.keys():
@@ -300,8 +309,8 @@ class SQLiteStore:
             if old is None:
                 conn.execute(
                     "INSERT INTO turnstile_waiters"
-                    " (name, holder, ttl, wait_ttl, joined_at, expires_at, callback, rank)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " (name, holder, ttl, wait_ttl, joined_at, expires_at, callback, rank,"
+                    " group_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (name, w.holder, *values),
                 )
             elif old != values:
@@ -314,10 +323,10 @@ class SQLiteStore:
         if state.empty:
             if had_rows:
                 conn.execute("DELETE FROM turnstile_names WHERE name = ?", (name,))
-        elif state.limit != old_limit or not had_rows:
+        elif (state.limit, state.per_key) != old_limit or not had_rows:
             conn.execute(
-                "INSERT OR REPLACE INTO turnstile_names (name, lim) VALUES (?, ?)",
-                (name, state.limit),
+                "INSERT OR REPLACE INTO turnstile_names (name, lim, per_key) VALUES (?, ?, ?)",
+                (name, state.limit, state.per_key),
             )
 
     def _token_source(self, conn: sqlite3.Connection, now: float) -> Callable[[], int]:
@@ -374,6 +383,8 @@ class SQLiteStore:
         callback: str | None = None,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         return self._mutate(
             name,
@@ -390,6 +401,8 @@ class SQLiteStore:
                 callback=callback,
                 priority=priority,
                 ageing=ageing,
+                key=key,
+                per_key=per_key,
             ),
         )
 
