@@ -58,7 +58,18 @@ class Context:
         return await asyncio.to_thread(self._command, within)
 
 
-def _primitive(client: Any, name: str, limit: int, ttl: float, **kw: Any) -> Any:
+def _primitive(
+    client: Any,
+    name: str,
+    limit: int,
+    ttl: float,
+    key: str | None = None,
+    per_key: int | None = None,
+    **kw: Any,
+) -> Any:
+    if per_key is not None:  # one key of a semaphore group whose total is `limit`
+        assert key is not None
+        return client.semaphore_group(name, per_key, limit, ttl, **kw).key(key)
     if limit == 1:
         return client.lock(name, ttl, **kw)
     return client.semaphore(name, limit, ttl, **kw)
@@ -99,6 +110,34 @@ def critical(
             end = time.monotonic()
             lost = lease.lost
         ctx.emit("interval", asked=asked, start=start, end=end, token=lease.token, lost=lost)
+    ctx.emit("done")
+
+
+def group_critical(
+    ctx: Context,
+    name: str,
+    key: str,
+    per_key: int,
+    total: int,
+    ttl: float,
+    iterations: int,
+    hold: float,
+) -> None:
+    """:func:`critical` on one key of a semaphore group; each interval names its key."""
+    sem = ctx.client.semaphore_group(name, per_key, total, ttl).key(key)
+    ctx.emit("ready")
+    if ctx.command() != "go":
+        raise RuntimeError("no go")
+    for _ in range(iterations):
+        asked = time.monotonic()
+        with sem.acquire(timeout=ACQUIRE_TIMEOUT) as lease:
+            start = time.monotonic()
+            time.sleep(hold)
+            end = time.monotonic()
+            lost = lease.lost
+        ctx.emit(
+            "interval", asked=asked, start=start, end=end, token=lease.token, lost=lost, key=key
+        )
     ctx.emit("done")
 
 
@@ -166,11 +205,26 @@ def wait_grant(
     ctx.emit("released", holder=holder, token=lease.token)
 
 
-def hold(ctx: Context, name: str, limit: int, ttl: float, holder: str) -> None:
+def hold(
+    ctx: Context,
+    name: str,
+    limit: int,
+    ttl: float,
+    holder: str,
+    key: str | None = None,
+    per_key: int | None = None,
+) -> None:
     """Hold a lease (kept renewed) until told "finish"; then report whether it was lost and
-    what leaving the ``with`` block raised. Used with kill -9 and SIGSTOP."""
+    what leaving the ``with`` block raised. Used with kill -9 and SIGSTOP. With ``per_key``:
+    a slot of ``key`` in a semaphore group whose total is ``limit``."""
     sem = _primitive(
-        ctx.client, name, limit, ttl, on_lost=lambda lease: ctx.emit("on_lost", token=lease.token)
+        ctx.client,
+        name,
+        limit,
+        ttl,
+        key,
+        per_key,
+        on_lost=lambda lease: ctx.emit("on_lost", token=lease.token),
     )
     raised = None
     lease = sem.acquire(timeout=ACQUIRE_TIMEOUT, holder=holder)
@@ -234,7 +288,17 @@ def probe_names(ctx: Context, names: list[str], ttl: float) -> None:
 
 SCENARIOS: dict[str, Callable[..., Any]] = {
     fn.__name__: fn
-    for fn in (critical, async_critical, wait_grant, hold, release, ticket, tokens, probe_names)
+    for fn in (
+        critical,
+        async_critical,
+        group_critical,
+        wait_grant,
+        hold,
+        release,
+        ticket,
+        tokens,
+        probe_names,
+    )
 }
 
 

@@ -236,13 +236,9 @@ def group_key(value: Any, arg: str = "key") -> str:
 
 
 def group_limits(per_key: Any, total: Any) -> tuple[int, int]:
-    per_key, total = limit(per_key, "per_key"), limit(total, "total")
-    if per_key > total:
-        raise InvalidArgument(
-            f"per_key ({per_key}) must be at most total ({total}): no key can hold more "
-            "than the whole group"
-        )
-    return per_key, total
+    """A semaphore group's limits (a ``per_key`` above ``total`` is allowed: the total
+    bounds every key anyway)."""
+    return limit(per_key, "per_key"), limit(total, "total")
 
 
 def dedup_id(value: Any) -> str | None:

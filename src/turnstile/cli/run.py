@@ -105,6 +105,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="semaphore name (with --limit)",
     )
     target.add_argument(
+        "--group",
+        metavar="NAME",
+        type=_support.name_type("--group"),
+        help="semaphore group name (with --key, --per-key and --total): at most --per-key "
+        "runs per key and --total in all",
+    )
+    target.add_argument(
         "--rate-limit",
         metavar="NAME",
         type=_support.name_type("--rate-limit"),
@@ -128,6 +135,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         type=_support.limit_type("--limit"),
         help="number of slots of --semaphore (1 to 1000000)",
+    )
+    parser.add_argument(
+        "--key",
+        metavar="K",
+        help="with --group: the key this run takes a slot of (a tenant, an account; 1 to "
+        f"{validate.MAX_KEY_BYTES} bytes)",
+    )
+    parser.add_argument(
+        "--per-key",
+        metavar="N",
+        type=_support.limit_type("--per-key"),
+        help="with --group: at most N runs per key (1 to 1000000)",
+    )
+    parser.add_argument(
+        "--total",
+        metavar="N",
+        type=_support.limit_type("--total"),
+        help="with --group: at most N runs across keys (1 to 1000000)",
     )
     parser.add_argument(
         "--ttl",
@@ -206,6 +231,21 @@ def run_command(args: argparse.Namespace) -> int:
         parser.error("--semaphore needs --limit N (1 to 1000000)")
     if args.lock is not None and args.limit is not None:
         parser.error("--limit applies only to --semaphore (a lock has exactly one slot)")
+    group_options = (("--key", args.key), ("--per-key", args.per_key), ("--total", args.total))
+    if args.group is not None:
+        missing = [option for option, value in group_options if value is None]
+        if missing:
+            parser.error(f"--group needs {', '.join(missing)}")
+        if args.limit is not None:
+            parser.error("--limit does not apply to --group (its total is --total)")
+        try:
+            validate.group_key(args.key, "--key")
+        except InvalidArgument as exc:
+            parser.error(str(exc))
+    else:
+        for option, value in group_options:
+            if value is not None:
+                parser.error(f"{option} applies only to --group")
     if args.rate_limit is not None:
         return _run_rate_limited(args, parser, command)
     for option, value in (("--rate", args.rate), ("--burst", args.burst)):
@@ -213,9 +253,12 @@ def run_command(args: argparse.Namespace) -> int:
             parser.error(f"{option} applies only to --rate-limit")
     ttl: float = 30.0 if args.ttl is None else args.ttl
 
-    name: str = args.lock if args.lock is not None else args.semaphore
-    kind = "lock" if args.lock is not None else "semaphore"
-    limit: int = 1 if args.lock is not None else args.limit
+    if args.group is not None:
+        name, kind, limit = args.group, "group", args.total
+    else:
+        name = args.lock if args.lock is not None else args.semaphore
+        kind = "lock" if args.lock is not None else "semaphore"
+        limit = 1 if args.lock is not None else args.limit
     holder: str = args.holder or timing.default_holder()
     alarm = _LostAlarm()
     if args.verbose:
@@ -230,11 +273,17 @@ def run_command(args: argparse.Namespace) -> int:
             )
         sem: Semaphore
         rank = {"priority": args.priority, "ageing": args.ageing}
+        shown = f"{kind} {name!r}"
         if kind == "lock":
             sem = client.lock(name, ttl, on_lost=alarm, **rank)
+        elif kind == "group":
+            group = client.semaphore_group(
+                name, args.per_key, limit, ttl, on_lost=alarm, **rank
+            )
+            sem = group.key(args.key)
+            shown = f"group {name!r} key {args.key!r}"
         else:
             sem = client.semaphore(name, limit, ttl, on_lost=alarm, **rank)
-        shown = f"{kind} {name!r}"
         started = time.monotonic()
         lease: Lease | None = None
         try:
@@ -258,6 +307,10 @@ def run_command(args: argparse.Namespace) -> int:
                     TURNSTILE_FENCING_TOKEN=str(lease.token),
                     TURNSTILE_LIMIT=str(limit),
                 )
+                if kind == "group":
+                    env["TURNSTILE_KEY"] = args.key
+                else:
+                    env.pop("TURNSTILE_KEY", None)  # an enclosing group run's
                 return _Supervisor(lease, command, env, args, shown, alarm).run()
         finally:
             if lease is not None:

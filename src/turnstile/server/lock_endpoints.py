@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from .._core import validate
 from ..aio import AsyncSemaphore
-from ..errors import AcquireTimeout, LeaseLost
+from ..errors import AcquireTimeout, InvalidArgument, LeaseLost
 from .common import (
     CLOSING,
     DONE,
@@ -30,10 +30,12 @@ from .common import (
 from .deliveries import check_callback
 from .openapi import (
     AGEING,
+    GROUP_KEY,
     HOLDER,
     LIMIT,
     LISTING,
     NAME,
+    PER_KEY,
     PRIORITY,
     TOKEN,
     TTL,
@@ -57,6 +59,14 @@ def _primitive(ctx: Ctx, kind: str, *, ttl: float = 30.0) -> AsyncSemaphore:
     rank = {"priority": args.get("priority", 0), "ageing": args.get("ageing")}
     if kind == "locks":
         sem: AsyncSemaphore = ctx.client.lock(args["name"], ttl, **rank)
+    elif "per_key" in args.values or "key" in args.values:
+        # A semaphore group: `limit` is its total, `key` the slot asked for.
+        if "per_key" not in args.values or "key" not in args.values:
+            raise InvalidArgument("a semaphore group's ask needs both key and per_key")
+        group = ctx.client.semaphore_group(
+            args["name"], args["per_key"], args["limit"], ttl, **rank
+        )
+        sem = group.key(args["key"])
     else:
         sem = ctx.client.semaphore(args["name"], args["limit"], ttl, **rank)
     ctx.may_write(sem.name)
@@ -235,6 +245,9 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
     sem = kind == "semaphores"
     what = "semaphore" if sem else "lock"
     limit = (Field("limit", LIMIT, required=True),) if sem else ()
+    group = (Field("key", GROUP_KEY), Field("per_key", PER_KEY)) if sem else ()
+    # A group's ask names both.
+    paired: Schema = {"dependentRequired": {"key": ["per_key"], "per_key": ["key"]}} if sem else {}
     name = Field("name", NAME, required=True)
     holder = Field("holder", HOLDER, required=True)
     lease: Schema = obj(["lease"], {"lease": ref("Lease")})
@@ -264,7 +277,9 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                 Field("wait", wait),
                 Field("priority", PRIORITY),
                 Field("ageing", AGEING),
+                *group,
             ),
+            body_extra=paired,
             response=obj(["acquired", "lease"],
                          {"acquired": {"const": True}, "lease": ref("Lease")}),
             errors=(409,),
@@ -290,10 +305,11 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                 Field("callback", callback_schema(config.callback_secret is not None)),
                 Field("priority", PRIORITY),
                 Field("ageing", AGEING),
+                *group,
             ),
             # A callback waits in line: not with `enqueue: false`.
             body_extra={"not": {"required": ["callback", "enqueue"],
-                                "properties": {"enqueue": {"const": False}}}},
+                                "properties": {"enqueue": {"const": False}}}, **paired},
             response=ref("Ticket"),
             errors=(409,),
         ),

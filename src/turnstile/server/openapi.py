@@ -66,6 +66,21 @@ LIMIT: Schema = {
     "maximum": validate.MAX_LIMIT,
     "description": "At most this many holders at once.",
 }
+GROUP_KEY: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": validate.MAX_KEY_BYTES,
+    "pattern": "^[^\\u0000]+$",
+    "description": "A semaphore group's key (a tenant, an account): with `per_key`, the name "
+    "is a group whose `limit` is the total, and this asks for a slot of this key.",
+}
+PER_KEY: Schema = {
+    "type": "integer",
+    "minimum": 1,
+    "maximum": validate.MAX_LIMIT,
+    "description": "A semaphore group: at most this many holders per key (with `key`; "
+    "`limit` is the group's total).",
+}
 PRIORITY: Schema = {
     "type": "integer",
     "minimum": -validate.MAX_PRIORITY,
@@ -293,6 +308,12 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
         {
             "name": {"type": "string"},
             "limit": {"type": ["integer", "null"], "minimum": 1},
+            "per_key": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "A semaphore group (`limit` is its total): at most this many "
+                "holders per key.",
+            },
             "now": TIME,
             "holders": {
                 "type": "array",
@@ -315,6 +336,7 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
                             "description": "A callback grant: whether a deliverer has "
                             "delivered it yet.",
                         },
+                        "key": {"type": "string", "description": "A group's: its key."},
                     },
                 ),
             },
@@ -332,6 +354,7 @@ def document(config: ServerConfig, table: Iterable[Endpoint]) -> dict[str, Any]:
                             "enum": ["sfn", "http", "unknown"],
                             "description": "A callback waiter: its callback's kind.",
                         },
+                        "key": {"type": "string", "description": "A group's: its key."},
                     },
                 ),
             },

@@ -714,6 +714,7 @@ class AsyncHTTPBackend:
         return Status(
             name=data["name"],
             limit=data["limit"],
+            per_key=data.get("per_key"),
             holders=tuple(
                 HolderInfo(
                     h["holder"],
@@ -722,6 +723,7 @@ class AsyncHTTPBackend:
                     h["expires_at"],
                     h.get("callback"),
                     h.get("delivery"),
+                    h.get("key"),
                 )
                 for h in data["holders"]
             ),
@@ -732,6 +734,7 @@ class AsyncHTTPBackend:
                     w["joined_at"],
                     w["expires_at"],
                     w.get("callback"),
+                    w.get("key"),
                 )
                 for w in data["waiters"]
             ),

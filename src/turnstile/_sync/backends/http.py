@@ -715,6 +715,7 @@ class HTTPBackend:
         return Status(
             name=data["name"],
             limit=data["limit"],
+            per_key=data.get("per_key"),
             holders=tuple(
                 HolderInfo(
                     h["holder"],
@@ -723,6 +724,7 @@ class HTTPBackend:
                     h["expires_at"],
                     h.get("callback"),
                     h.get("delivery"),
+                    h.get("key"),
                 )
                 for h in data["holders"]
             ),
@@ -733,6 +735,7 @@ class HTTPBackend:
                     w["joined_at"],
                     w["expires_at"],
                     w.get("callback"),
+                    w.get("key"),
                 )
                 for w in data["waiters"]
             ),
