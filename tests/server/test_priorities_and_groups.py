@@ -1,6 +1,6 @@
-"""Priorities over HTTP (``priority``, ``ageing`` on the try-acquire and acquire endpoints of
-locks, semaphores and rate limits) against a real `turnstile serve` process, and bad values
-named with their range."""
+"""Priorities and semaphore groups over HTTP (``priority``, ``ageing`` on the acquire and
+try-acquire endpoints of locks, semaphores and rate limits; ``key`` and ``per_key`` on the
+semaphore ones) against a real `turnstile serve` process, and bad values named."""
 
 from __future__ import annotations
 
@@ -63,5 +63,43 @@ def test_bad_priorities_are_named(
 ) -> None:
     api = sqlite_served.api()
     response = api.post(path, {"name": "p:bad", "holder": "h", **extra, **body})
+    assert words in api.error(response, 422, "invalid_argument")
+    api.close()
+
+
+def test_a_group_over_http(sqlite_served: Served) -> None:
+    api = sqlite_served.api()
+    spec: dict[str, Any] = {"name": "p:group", "limit": 2, "per_key": 1, "ttl": 120}
+    first = api.ok("/v1/semaphores/try-acquire", {**spec, "key": "a", "holder": "a1"})
+    assert first["acquired"]
+    blocked = api.ok("/v1/semaphores/try-acquire", {**spec, "key": "a", "holder": "a2"})
+    assert (blocked["acquired"], blocked["position"]) == (False, 0)
+    other = api.ok("/v1/semaphores/acquire", {**spec, "key": "b", "holder": "b1"})
+    assert other["acquired"]
+    status = api.ok("/v1/semaphores/status", {"name": "p:group"})
+    assert (status["limit"], status["per_key"]) == (2, 1)
+    assert [(h["holder"], h["key"]) for h in status["holders"]] == [("a1", "a"), ("b1", "b")]
+    assert [(w["holder"], w["key"]) for w in status["waiters"]] == [("a2", "a")]
+    plain = api.post("/v1/semaphores/try-acquire", {"name": "p:group", "limit": 2, "holder": "x"})
+    assert "semaphore group of per_key=1 total=2" in api.error(plain, 409, "limit_conflict")
+    api.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"key": "a"}, "needs both key and per_key"),
+        ({"per_key": 1}, "needs both key and per_key"),
+        ({"key": "a", "per_key": 0}, "per_key must be"),
+        ({"key": "", "per_key": 1}, "key must be"),
+        ({"key": 5, "per_key": 1}, "key must be a string"),
+    ],
+)
+def test_bad_group_fields_are_named(
+    sqlite_served: Served, body: dict[str, Any], words: str
+) -> None:
+    api = sqlite_served.api()
+    response = api.post("/v1/semaphores/try-acquire", {"name": "p:g", "limit": 2, "holder": "h",
+                                                       **body})
     assert words in api.error(response, 422, "invalid_argument")
     api.close()
