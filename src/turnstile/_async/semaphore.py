@@ -380,6 +380,9 @@ class AsyncSemaphore:
                 track.granted(result.grant.token)
                 return self._lease(result, sent)
             if timeout != 0:
+                # The store put us in line: a grant from here on is a hand-over, even one the
+                # second look below finds (it may follow a release made in between).
+                track.joined(result.position)
                 if waiter is None:
                     # Arm the wake-up channel, then look again: no hand-over can slip between.
                     # A channel that keeps wake-ups sent before it was opened (a Redis list)
