@@ -69,3 +69,18 @@ def test_bad_group_options_are_refused(url: str, args: list[str], words: str) ->
     assert result.returncode == 2
     assert words in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_status_shows_the_keys(url: str) -> None:
+    with turnstile.connect(url) as client:
+        group = client.semaphore_group("db", per_key=1, total=2, ttl=60)
+        group.acquire("tenant-a", timeout=10, holder="a1")
+        group.try_acquire("tenant-a", "a2", wait_ttl=60)
+    shown = run("status", "--url", url, "db")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "db: 1/2 held (group: 1 per key), 1 waiting"
+    assert lines[1].split() == ["HOLDER", "KEY", "TOKEN", "AGE", "EXPIRES", "IN"]
+    assert lines[2].split()[:2] == ["a1", "tenant-a"]
+    assert lines[3].split() == ["POSITION", "WAITER", "KEY", "WAITING"]
+    assert lines[4].split()[:3] == ["0", "a2", "tenant-a"]

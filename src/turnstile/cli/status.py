@@ -128,36 +128,42 @@ def render(status: Status) -> list[str]:
         return [f"{name}: free (no holders, no waiters)"]
     limit = "?" if status.limit is None else str(status.limit)
     waiting = f", {len(status.waiters)} waiting" if status.waiters else ""
-    lines = [f"{name}: {len(status.holders)}/{limit} held{waiting}"]
+    group = status.per_key is not None
+    shape = f" (group: {status.per_key} per key)" if group else ""
+    lines = [f"{name}: {len(status.holders)}/{limit} held{shape}{waiting}"]
     # Callback grants and waiters get one more column: the callback's kind and, for a
-    # grant, its delivery (never the task token or URL).
+    # grant, its delivery (never the task token or URL); a group's, the key.
     shown = any(h.callback for h in status.holders) or any(w.callback for w in status.waiters)
     extra: tuple[str, ...] = ("CALLBACK",) if shown else ()
-    rows: list[tuple[str, ...]] = [("HOLDER", "TOKEN", "AGE", "EXPIRES IN", *extra)]
+    keyed: tuple[str, ...] = ("KEY",) if group else ()
+    rows: list[tuple[str, ...]] = [("HOLDER", *keyed, "TOKEN", "AGE", "EXPIRES IN", *extra)]
     for h in status.holders:
         callback = (f"{h.callback} ({h.delivery})" if h.callback else "-",) if shown else ()
         rows.append(
             (
                 _support.printable(h.holder),
+                *((_support.printable(h.key or "-"),) if group else ()),
                 str(h.token),
                 _support.duration(status.now - h.acquired_at),
                 _support.duration(h.expires_at - status.now),
                 *callback,
             )
         )
-    lines += _table(rows, right={1, 2, 3})
+    shift = len(keyed)
+    lines += _table(rows, right={1 + shift, 2 + shift, 3 + shift})
     if status.waiters:
-        rows = [("POSITION", "WAITER", "WAITING", *extra)]  # position 0 is served next
+        rows = [("POSITION", "WAITER", *keyed, "WAITING", *extra)]  # position 0: served next
         for w in status.waiters:
             rows.append(
                 (
                     str(w.position),
                     _support.printable(w.holder),
+                    *((_support.printable(w.key or "-"),) if group else ()),
                     _support.duration(status.now - w.joined_at),
                     *((w.callback or "-",) if shown else ()),
                 )
             )
-        lines += _table(rows, right={0, 2})
+        lines += _table(rows, right={0, 2 + shift})
     return lines
 
 
