@@ -2,7 +2,9 @@
 step, on a virtual clock: random operations on a few names, the same answers (grants, tokens,
 times, positions, retry_after, status, names, callback deliveries taken and settled) and the
 same NOTIFY wake-ups, in order, each carrying exactly the grant the model made, for the
-waiting entry the waiter was told of (callback waiters are never woken)."""
+waiting entry the waiter was told of (callback waiters are never woken). Acquires carry
+random priorities, some with ageing (_core/ranking.py), so lines are reordered: the same
+order, positions and arrival stamps on both."""
 
 from __future__ import annotations
 
@@ -27,6 +29,14 @@ NAMES = ["a", "b:{x}", "c ☃"]
 HOLDERS = ["h1", "h2", "h3", "h4", "h5"]
 TTLS = [0.25, 0.5, 1.0, 2.0, 3.0]
 OUTCOMES = ["delivered", "delivered", "refused", "retry"]
+PRIORITIES = [-2, -1, 0, 0, 0, 1, 2]
+# Mostly strict; with ageing, levels of a few steps of the virtual clock (GRID multiples),
+# so that waiting entries of different levels overtake each other, and rank ties happen.
+AGEINGS = [None, None, None, 0.25, 1.0, 4 * GRID]
+
+
+def _ranking(rng: random.Random) -> dict[str, Any]:
+    return {"priority": rng.choice(PRIORITIES), "ageing": rng.choice(AGEINGS)}
 
 
 def _callback(holder: str, n: int) -> str:
@@ -197,6 +207,7 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                     "ttl": rng.choice(TTLS),
                     "wait_ttl": rng.choice(TTLS),
                     "enqueue": rng.random() < 0.8,
+                    **_ranking(rng),
                 }
                 before = len(ref.woken)
                 want = _outcome(ref.acquire, now, name, holder, **kw)
@@ -222,6 +233,7 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                     "ttl": rng.choice(TTLS),
                     "wait_ttl": rng.choice(TTLS),
                     "callback": _callback(holder, rng.randrange(2)),
+                    **_ranking(rng),
                 }
                 before = len(ref.woken)
                 want = _outcome(ref.acquire, now, name, holder, enqueue=True, **kw)
@@ -281,6 +293,10 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
             else:
                 prefix = rng.choice(["", "a", "b:", "z"])
                 assert backend.names(prefix, 2) == ref.names(now, prefix, 2), where
+            for state in ref.states.values():  # has a priority reordered a line?
+                joined = [w.joined_at for w in state.waiters]
+                if joined != sorted(joined):
+                    seen.add("reordered")
         # A scripted tail, so that every seed has hand-overs of both kinds, by a release and
         # by a raised limit (everything above has lapsed by then).
         clock[0] += 10.0
@@ -303,6 +319,21 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
         assert refused == _outcome(ref.acquire, now, name, "h4", **kw)
         assert isinstance(refused, str) and "has limit 2" in refused
         seen.add("refused")
+        # And a line a priority reorders: h5 (priority 1) joins ahead of h4, and is the one
+        # a release hands over to.
+        for holder, priority in (("h4", 0), ("h5", 1)):
+            kw = {"limit": 2, "ttl": 3.0, "wait_ttl": 3.0, "enqueue": True}
+            want = ref.acquire(now, name, holder, priority=priority, **kw)
+            got = backend.acquire(name, holder, priority=priority, **kw)
+            assert got == want, f"seed {seed} tail: acquire {holder}"
+            wait_ids[f"{name}\0{holder}"] = got.wait_id
+        assert backend.status(name) == ref.status(now, name)
+        assert [w.holder for w in backend.status(name).waiters] == ["h5", "h4"]
+        seen.add("reordered")
+        before = len(ref.woken)
+        assert backend.release(name, "h2", None) == ref.release(now, name, "h2", None) is True
+        assert [w[1] for w in ref.woken[before:]] == ["h5"]
+        _expect(ref, before, name, wait_ids, expected)
         # Every hand-over woke exactly its waiter, once, in commit order, with its grant.
         deadline = time.monotonic() + 10
         while len(heard) < len(expected) and time.monotonic() < deadline:
@@ -317,7 +348,7 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
             want_wakeups[a:b] = sorted(want_wakeups[a:b])
         assert got_wakeups == want_wakeups
         assert expected, "the sequence should include hand-overs"
-        assert seen == {"refused", "changed", "unchanged"}, seen
+        assert seen == {"refused", "changed", "unchanged", "reordered"}, seen
         assert taken, "the sequence should include callback deliveries"
     finally:
         listen.close()

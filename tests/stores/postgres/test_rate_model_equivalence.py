@@ -3,7 +3,9 @@ machine (turnstile/_core/rate_machine.py), step for step, on a virtual clock: ra
 acquires (with and without joining, under the name's rate or another), leaves and status
 reads on a few names give the same answers, float for float (the functions do the
 reference's arithmetic in double precision), and the same refusals; a name a leave makes
-idle keeps no rows; recent admissions stop at MAX_RECENT."""
+idle keeps no rows; recent admissions stop at MAX_RECENT. Acquires carry random priorities,
+some with ageing (_core/ranking.py): the same line order, positions, slots and stamps, and
+the same newcomers admitted at once for ranking first."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ NAMES = ["a", "b:{x}", "c ☃"]
 HOLDERS = ["h1", "h2", "h3", "h4", "h5", "h6"]
 SPECS = [(4, 1.0, 1), (3, 1.0, 2), (7, 2.5, 3), (1, 0.5, 1)]
 GRACES = [0.0, 0.25, 1.0, 3.0]
+PRIORITIES = [-2, -1, 0, 0, 0, 1, 2]
+AGEINGS = [None, None, None, 0.25, 1.0, 4 * GRID]  # levels of a few steps of the clock
 
 
 class Reference:
@@ -106,7 +110,15 @@ def test_sql_rate_functions_follow_the_model(pg_url: str, seed: int) -> None:
                     "burst": burst,
                     "enqueue": rng.random() < 0.8,
                     "grace": rng.choice(GRACES),
+                    "priority": rng.choice(PRIORITIES),
+                    "ageing": rng.choice(AGEINGS),
                 }
+                state = ref.states.get(name)
+                newcomer_ahead = (
+                    state is not None
+                    and bool(state.waiters)
+                    and holder not in {w.holder for w in state.waiters}
+                )
                 want = _outcome(ref.acquire, now, name, holder, **kw)
                 got = _outcome(backend.rate_acquire, name, holder, **kw)
                 assert got == want, where
@@ -117,6 +129,12 @@ def test_sql_rate_functions_follow_the_model(pg_url: str, seed: int) -> None:
                     seen.add("admitted" if got.admitted else "waiting")
                     if got.position:
                         seen.add("behind")
+                    if got.admitted and newcomer_ahead:
+                        seen.add("admitted ahead of the line")
+                    if not got.admitted and got.position is not None and newcomer_ahead:
+                        line = ref.states[name].waiters
+                        if got.position < len(line) - 1:
+                            seen.add("joined ahead")
             elif op == "leave":
                 line = [w.holder for w in getattr(ref.states.get(name), "waiters", [])]
                 if line and rng.random() < 0.5:
@@ -130,7 +148,15 @@ def test_sql_rate_functions_follow_the_model(pg_url: str, seed: int) -> None:
             else:
                 want = ref.status(now, name)
                 assert backend.rate_status(name) == want, where
-        assert {"conflict", "admitted", "waiting", "behind", "left"} <= seen
+        assert {
+            "conflict",
+            "admitted",
+            "waiting",
+            "behind",
+            "left",
+            "admitted ahead of the line",
+            "joined ahead",
+        } <= seen, seen
     finally:
         conn.close()
         client.close()

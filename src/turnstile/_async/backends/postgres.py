@@ -27,7 +27,7 @@ from urllib.parse import SplitResult
 import psycopg
 from psycopg import AsyncConnection
 
-from ..._core import callbacks, lock_machine, rate_machine
+from ..._core import callbacks, lock_machine, ranking, rate_machine
 from ..._core.records import (
     AcquireResult,
     CallbackDelivery,
@@ -112,12 +112,24 @@ class AsyncPostgresBackend:
         return await self.connection.run(query, params, action, many=many)
 
     async def acquire(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         await self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()
+        lead = ranking.lead(priority, ageing)
         try:
-            row = await self._acquire_row(name, holder, limit, ttl, wait_ttl, enqueue, channel)
+            row = await self._acquire_row(
+                name, holder, limit, ttl, wait_ttl, enqueue, channel, lead
+            )
         except BackendUnavailable as exc:
             current = pg.conflicting_limit(exc.__cause__)
             if current is None:
@@ -137,6 +149,7 @@ class AsyncPostgresBackend:
         wait_ttl: float,
         enqueue: bool,
         channel: str,
+        lead: int,
     ) -> Any:
         return await self._run(
             self._q["acquire"],
@@ -150,12 +163,22 @@ class AsyncPostgresBackend:
                 "now": self._now(),
                 "channel": channel,
                 "wake": pg.wake_key(name, holder) if channel else None,
+                "lead": lead,
             },
             "acquire",
         )
 
     async def acquire_callback(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        callback: str,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         try:
             row = await self._run(
@@ -168,6 +191,7 @@ class AsyncPostgresBackend:
                     "wait_ttl": wait_ttl,
                     "now": self._now(),
                     "callback": callback,
+                    "lead": ranking.lead(priority, ageing),
                 },
                 "acquire",
             )
@@ -229,6 +253,8 @@ class AsyncPostgresBackend:
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         try:
             row = await self._run(
@@ -242,6 +268,7 @@ class AsyncPostgresBackend:
                     "enqueue": enqueue,
                     "grace": grace,
                     "now": self._now(),
+                    "lead": ranking.lead(priority, ageing),
                 },
                 "acquire a rate limit",
             )

@@ -28,7 +28,7 @@ from urllib.parse import SplitResult
 import psycopg
 from psycopg import Connection
 
-from ..._core import callbacks, lock_machine, rate_machine
+from ..._core import callbacks, lock_machine, ranking, rate_machine
 from ..._core.records import (
     AcquireResult,
     CallbackDelivery,
@@ -113,12 +113,24 @@ class PostgresBackend:
         return self.connection.run(query, params, action, many=many)
 
     def acquire(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()
+        lead = ranking.lead(priority, ageing)
         try:
-            row = self._acquire_row(name, holder, limit, ttl, wait_ttl, enqueue, channel)
+            row = self._acquire_row(
+                name, holder, limit, ttl, wait_ttl, enqueue, channel, lead
+            )
         except BackendUnavailable as exc:
             current = pg.conflicting_limit(exc.__cause__)
             if current is None:
@@ -138,6 +150,7 @@ class PostgresBackend:
         wait_ttl: float,
         enqueue: bool,
         channel: str,
+        lead: int,
     ) -> Any:
         return self._run(
             self._q["acquire"],
@@ -151,12 +164,22 @@ class PostgresBackend:
                 "now": self._now(),
                 "channel": channel,
                 "wake": pg.wake_key(name, holder) if channel else None,
+                "lead": lead,
             },
             "acquire",
         )
 
     def acquire_callback(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        callback: str,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         try:
             row = self._run(
@@ -169,6 +192,7 @@ class PostgresBackend:
                     "wait_ttl": wait_ttl,
                     "now": self._now(),
                     "callback": callback,
+                    "lead": ranking.lead(priority, ageing),
                 },
                 "acquire",
             )
@@ -230,6 +254,8 @@ class PostgresBackend:
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         try:
             row = self._run(
@@ -243,6 +269,7 @@ class PostgresBackend:
                     "enqueue": enqueue,
                     "grace": grace,
                     "now": self._now(),
+                    "lead": ranking.lead(priority, ageing),
                 },
                 "acquire a rate limit",
             )

@@ -8,7 +8,8 @@
 SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after, wait_id
 FROM __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
                         %(ttl)s::float8, %(wait_ttl)s::float8, %(enqueue)s::boolean,
-                        %(now)s::timestamptz, %(channel)s::text, %(wake)s::text)
+                        %(now)s::timestamptz, %(channel)s::text, %(wake)s::text,
+                        %(lead)s::bigint)
 
 -- name: release
 SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
@@ -36,7 +37,7 @@ SELECT name FROM __SCHEMA__.names_in_use(%(prefix)s::text, %(max_count)s::intege
 SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after
 FROM __SCHEMA__.acquire_callback(%(name)s::text, %(holder)s::text, %(limit)s::integer,
                                  %(ttl)s::float8, %(wait_ttl)s::float8,
-                                 %(now)s::timestamptz, %(callback)s::text)
+                                 %(now)s::timestamptz, %(callback)s::text, %(lead)s::bigint)
 
 -- name: take_deliveries
 SELECT o_name, o_holder, o_token, o_acquired_at, o_expires_at, o_limit, o_callback,
@@ -60,7 +61,7 @@ WHERE h.pending AND h.expires_at > coalesce(%(now)s::timestamptz, clock_timestam
 SELECT admitted, queue_position, now, retry_after, tat
 FROM __SCHEMA__.rate_acquire(%(name)s::text, %(holder)s::text, %(rate)s::integer,
                              %(per)s::float8, %(burst)s::integer, %(enqueue)s::boolean,
-                             %(grace)s::float8, %(now)s::timestamptz)
+                             %(grace)s::float8, %(now)s::timestamptz, %(lead)s::bigint)
 
 -- name: rate_leave
 SELECT __SCHEMA__.rate_leave(%(name)s::text, %(holder)s::text, %(now)s::timestamptz)

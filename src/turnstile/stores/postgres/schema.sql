@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 8): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 9): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0008) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0009) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -36,6 +36,13 @@
 -- (nobody else polls for them) and claims pending deliveries for a lease of its own
 -- (holders.claimed_until, attempts), and settles each with settle_delivery. The callback's
 -- text is a credential: status shows its kind only.
+--
+-- Priorities (version 9): every line (waiters, rate_waiters) is kept in order of rank, then
+-- seq (turnstile/_core/ranking.py): rank = stamp - lead, where stamp is the arrival time in
+-- integer microseconds on the database clock, made strictly increasing per line
+-- (max(clock, newest stamp in line + 1), under the name's row lock), and lead = priority *
+-- level, computed by the client (ranking.lead) and passed as p_lead. A new waiting entry
+-- goes behind every entry of its rank or better; one asking again keeps its rank.
 
 -- == Tables ====================================================================================
 
@@ -55,7 +62,11 @@ CREATE TABLE __SCHEMA__.names (
     -- When the name last became idle (no holders, no waiters); NULL while in use. Idle rows
     -- are forgotten a day later (see _forget_idle), when the clock has moved far past
     -- last_token, so a recreated row still never repeats a token.
-    idle_since  timestamptz
+    idle_since  timestamptz,
+    -- At least the newest arrival stamp (microseconds, _core/ranking.py) of the name's
+    -- waiting entries: a joining entry whose clock is past it needs no look at the line to
+    -- be stamped above every entry in it (when not, acquire reads the line's newest).
+    newest_stamp bigint NOT NULL DEFAULT 0
 ) WITH (fillfactor = 70);
 
 CREATE INDEX names_idle ON __SCHEMA__.names (idle_since) WHERE idle_since IS NOT NULL;
@@ -83,7 +94,8 @@ CREATE TABLE __SCHEMA__.holders (
 -- claim is free (claimed_until <= now), an empty range of an empty index when none is.
 CREATE INDEX holders_pending ON __SCHEMA__.holders (claimed_until) WHERE pending;
 
--- The line, in arrival order: seq comes from an identity sequence, which never goes back.
+-- The line, in order of rank (see the top of this file), then seq (an identity sequence,
+-- which never goes back: arrival order within a rank). joined_at is the arrival stamp.
 CREATE TABLE __SCHEMA__.waiters (
     seq         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name_id     bigint NOT NULL,
@@ -95,10 +107,11 @@ CREATE TABLE __SCHEMA__.waiters (
     channel     text,  -- the waiting client's LISTEN channel ('' none; NULL: the schema's)
     wake        text,  -- its wake key there (wake_key(name, holder))
     callback    text,  -- a callback waiter: its callback (see the top of this file)
+    rank        bigint NOT NULL,  -- stamp - lead, in microseconds (_core/ranking.py)
     UNIQUE (name_id, holder)
 );
 
-CREATE INDEX waiters_line ON __SCHEMA__.waiters (name_id, seq);
+CREATE INDEX waiters_line ON __SCHEMA__.waiters (name_id, rank, seq);
 
 -- Names with callback waiters. Keyed on name_id only (the predicate column, callback, is
 -- never updated by the lock operations), so a waiter that keeps its place (an UPDATE of
@@ -188,16 +201,18 @@ CREATE TABLE __SCHEMA__.rates (
 ) WITH (fillfactor = 70);
 CREATE INDEX rates_quiet ON __SCHEMA__.rates (quiet_at);
 
--- The line, in arrival order (seq, an identity, never goes back).
+-- The line, in order of rank, then seq (an identity, never goes back: arrival order within
+-- a rank). joined_at is the arrival stamp in seconds (stamp / 1e6).
 CREATE TABLE __SCHEMA__.rate_waiters (
     seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     rate_id    bigint NOT NULL,
     holder     text COLLATE "C" NOT NULL,
     joined_at  double precision NOT NULL,
     expires_at double precision NOT NULL,
+    rank       bigint NOT NULL,  -- stamp - lead, in microseconds (_core/ranking.py)
     UNIQUE (rate_id, holder)
 ) WITH (fillfactor = 70);
-CREATE INDEX rate_waiters_line ON __SCHEMA__.rate_waiters (rate_id, seq);
+CREATE INDEX rate_waiters_line ON __SCHEMA__.rate_waiters (rate_id, rank, seq);
 
 -- Admission times of the last `per` seconds, at most 10000 (rate_machine.MAX_RECENT) per
 -- name: what rate_status shows. Older ones are deleted by the next admission.
@@ -270,7 +285,8 @@ END
 $$;
 
 -- lock_machine.promote, as in version 3, plus callback waiters: granted claimed for their
--- full ttl with a pending delivery (claimed_until -infinity: nobody's claim), never woken.
+-- full ttl with a pending delivery (claimed_until -infinity: nobody's claim), never woken;
+-- the front of the line is the least (rank, seq) (version 9).
 CREATE FUNCTION __SCHEMA__._promote(
     p_id bigint, p_name text, p_limit integer, p_now timestamptz, p_last bigint,
     p_quiet text, p_holders integer DEFAULT NULL, OUT o_last bigint, OUT o_holders integer)
@@ -288,7 +304,7 @@ BEGIN
     WHILE o_holders < p_limit LOOP
         DELETE FROM __SCHEMA__.waiters d
         WHERE d.seq = (SELECT f.seq FROM __SCHEMA__.waiters f WHERE f.name_id = p_id
-                       ORDER BY f.seq LIMIT 1)
+                       ORDER BY f.rank, f.seq LIMIT 1)
         RETURNING d.seq, d.holder, d.ttl, d.wait_ttl, d.expires_at, d.channel, d.wake,
                   d.callback INTO w;
         EXIT WHEN NOT FOUND;
@@ -346,11 +362,15 @@ $$;
 -- the name's limit (not the caller's) governs the grants of those already in line.
 -- p_channel and p_wake say where to send this waiter's wake-up and the key naming it there
 -- (required, so a call of the version-2 signature never matches this one); the output
--- wait_id is the seq of the caller's waiting entry, which a wake-up names.
+-- wait_id is the seq of the caller's waiting entry, which a wake-up names. p_lead (version
+-- 9): how far ahead of its arrival a new waiting entry ranks, in microseconds
+-- (ranking.lead(priority, ageing)); its default, 0, serves a client of the previous
+-- release, which calls with nine arguments (the nine-argument function is gone, so such a
+-- call resolves here: there is no other candidate).
 CREATE FUNCTION __SCHEMA__.acquire(
     p_name text, p_holder text, p_limit integer, p_ttl double precision,
     p_wait_ttl double precision, p_enqueue boolean, p_now timestamptz, p_channel text,
-    p_wake text,
+    p_wake text, p_lead bigint DEFAULT 0,
     OUT granted boolean, OUT token bigint, OUT acquired_at double precision,
     OUT expires_at double precision, OUT queue_position integer, OUT now double precision,
     OUT retry_after double precision, OUT wait_id bigint)
@@ -371,6 +391,10 @@ DECLARE
     v_live integer;
     v_mine boolean;
     v_lim integer;
+    v_newest bigint;
+    v_at bigint;
+    v_stamp bigint;
+    v_rank bigint;
 BEGIN
     -- Fastest path, an idle name (idle_since set: no holders and nobody in line, which every
     -- step keeps true under the row lock): the row locked and the caller granted in one
@@ -396,11 +420,12 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT n.id, n.last_token, n.lim INTO v_id, v_last, v_lim
+    SELECT n.id, n.last_token, n.lim, n.newest_stamp INTO v_id, v_last, v_lim, v_newest
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
     FOR UPDATE;
     IF NOT FOUND THEN
-        -- a new name (or one being forgotten right now): create its row
+        -- a new name (or one being forgotten right now): create its row (v_newest stays
+        -- NULL: unknown)
         SELECT l.o_id, l.o_last, l.o_lim INTO v_id, v_last, v_lim
         FROM __SCHEMA__._lock_name(p_name, p_limit, p_now) l;
     END IF;
@@ -473,7 +498,7 @@ BEGIN
             expires_at = v_now + p_wait_ttl * interval '1 second',
             channel = p_channel, wake = p_wake
         WHERE w.name_id = v_id AND w.holder = p_holder
-        RETURNING w.seq INTO v_seq;
+        RETURNING w.seq, w.rank INTO v_seq, v_rank;
         IF NOT FOUND THEN
             IF v_holders < v_lim
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
@@ -487,11 +512,26 @@ BEGIN
                     (name_id, holder, token, acquired_at, expires_at, claimed)
                 VALUES (v_id, p_holder, v_token, v_acq, v_exp, true);
             ELSIF p_enqueue THEN
-                INSERT INTO __SCHEMA__.waiters
-                    (name_id, holder, ttl, wait_ttl, joined_at, expires_at, channel, wake)
-                VALUES (v_id, p_holder, p_ttl, p_wait_ttl, v_now,
-                        v_now + p_wait_ttl * interval '1 second', p_channel, p_wake)
-                RETURNING seq INTO v_seq;
+                -- lock_machine.join: stamped above every entry in line (ranking.stamp; the
+                -- line is read only when the clock has not passed the name's newest_stamp),
+                -- ranked p_lead ahead of that; (rank, seq) puts it behind every entry of its
+                -- rank or better.
+                v_at := floor(extract(epoch FROM v_now) * 1000000)::bigint;
+                v_stamp := v_at;
+                IF v_newest IS NULL OR v_newest >= v_at THEN
+                    SELECT greatest(v_at, max(floor(extract(epoch FROM w.joined_at)
+                                                    * 1000000)::bigint) + 1)
+                    INTO v_stamp
+                    FROM __SCHEMA__.waiters w WHERE w.name_id = v_id;
+                END IF;
+                INSERT INTO __SCHEMA__.waiters AS w
+                    (name_id, holder, ttl, wait_ttl, joined_at, expires_at, channel, wake,
+                     rank)
+                VALUES (v_id, p_holder, p_ttl, p_wait_ttl,
+                        v_now + (v_stamp - v_at) * interval '1 microsecond',
+                        v_now + p_wait_ttl * interval '1 second', p_channel, p_wake,
+                        v_stamp - p_lead)
+                RETURNING w.seq, w.rank INTO v_seq, v_rank;
             END IF;
         END IF;
     END IF;
@@ -504,17 +544,22 @@ BEGIN
         wait_id := v_seq;
         IF v_seq IS NOT NULL THEN
             SELECT count(*) INTO queue_position
-            FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.seq < v_seq;
+            FROM __SCHEMA__.waiters w
+            WHERE w.name_id = v_id AND (w.rank, w.seq) < (v_rank, v_seq);
         END IF;
         SELECT min(h.expires_at) INTO v_min FROM __SCHEMA__.holders h WHERE h.name_id = v_id;
         IF v_min IS NOT NULL THEN
             retry_after := greatest(0, extract(epoch FROM v_min) - extract(epoch FROM v_now));
         END IF;
     END IF;
-    -- Never idle after an acquire: it holds, waits, or found the name busy.
-    UPDATE __SCHEMA__.names n SET last_token = v_last, lim = v_lim, idle_since = NULL
+    -- Never idle after an acquire: it holds, waits, or found the name busy. A new waiting
+    -- entry's stamp raises newest_stamp.
+    UPDATE __SCHEMA__.names n
+    SET last_token = v_last, lim = v_lim, idle_since = NULL,
+        newest_stamp = greatest(n.newest_stamp, v_stamp)
     WHERE n.id = v_id
-      AND (n.last_token <> v_last OR n.lim <> v_lim OR n.idle_since IS NOT NULL);
+      AND (n.last_token <> v_last OR n.lim <> v_lim OR n.idle_since IS NOT NULL
+           OR n.newest_stamp < v_stamp);
 END
 $$;
 
@@ -533,7 +578,7 @@ AS $$
     SELECT a.granted, a.token, a.acquired_at, a.expires_at, a.queue_position, a.now,
            a.retry_after
     FROM __SCHEMA__.acquire(p_name, p_holder, p_limit, p_ttl, p_wait_ttl, p_enqueue, p_now,
-                            NULL::text, NULL::text) a
+                            NULL::text, NULL::text, 0::bigint) a
 $$;
 
 -- lock_machine.release, as in version 1, in fewer statements (see the top of this file): the row
@@ -690,10 +735,11 @@ $$;
 -- channel (''), then, in the same transaction and under the name's row lock that it took,
 -- the callback recorded: on the caller's waiting entry, or, if it holds, on its grant,
 -- whose delivery becomes pending unless it was already for this very callback (an ask
--- repeated is harmless; a new callback gets the current grant delivered there).
+-- repeated is harmless; a new callback gets the current grant delivered there). p_lead:
+-- see acquire (version 9; its default serves a client of the previous release).
 CREATE FUNCTION __SCHEMA__.acquire_callback(
     p_name text, p_holder text, p_limit integer, p_ttl double precision,
-    p_wait_ttl double precision, p_now timestamptz, p_callback text,
+    p_wait_ttl double precision, p_now timestamptz, p_callback text, p_lead bigint DEFAULT 0,
     OUT granted boolean, OUT token bigint, OUT acquired_at double precision,
     OUT expires_at double precision, OUT queue_position integer, OUT now double precision,
     OUT retry_after double precision)
@@ -711,7 +757,7 @@ BEGIN
            a.retry_after
     INTO granted, token, acquired_at, expires_at, queue_position, now, retry_after
     FROM __SCHEMA__.acquire(p_name, p_holder, p_limit, p_ttl, p_wait_ttl, true, p_now,
-                            ''::text, NULL::text) a;
+                            ''::text, NULL::text, p_lead) a;
     SELECT n.id INTO v_id
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'));
     IF granted THEN
@@ -913,7 +959,8 @@ $$;
 
 -- lock_machine.status, as in version 1, plus the callbacks' kinds (never their text, a
 -- credential): holder_callbacks has one entry per entry of holders, in the same order,
--- NULL or [kind, pending]; waiter_callbacks likewise NULL or the kind.
+-- NULL or [kind, pending]; waiter_callbacks likewise NULL or the kind. The line in order of
+-- (rank, seq) (version 9).
 CREATE FUNCTION __SCHEMA__.status(
     p_name text, p_now timestamptz DEFAULT NULL,
     OUT lim integer, OUT now double precision, OUT holders json, OUT waiters json,
@@ -951,8 +998,9 @@ BEGIN
     FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at > v_now;
     SELECT coalesce(json_agg(json_build_array(w.holder, extract(epoch FROM w.joined_at),
                                               extract(epoch FROM w.expires_at))
-                             ORDER BY w.seq), '[]'),
-           coalesce(json_agg(__SCHEMA__._callback_kind(w.callback) ORDER BY w.seq), '[]')
+                             ORDER BY w.rank, w.seq), '[]'),
+           coalesce(json_agg(__SCHEMA__._callback_kind(w.callback) ORDER BY w.rank, w.seq),
+                    '[]')
     INTO waiters, waiter_callbacks
     FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at > v_now;
 END
@@ -1415,9 +1463,14 @@ $$;
 -- caller's place lasts past its slot. p_now: a virtual clock (tests), else the database's.
 -- An admission with nobody in line is two statements: the row lock, and one statement
 -- that trims old admissions, records this one and writes the row.
+-- Version 9: the line is kept in order of (rank, seq). p_lead: how far ahead of its
+-- arrival a new waiting entry ranks, in microseconds (ranking.lead(priority, ageing)); a
+-- newcomer that would stand first in line and whose slot has come is admitted at once. Its
+-- default, 0, serves a client of the previous release, which calls with eight arguments
+-- (the eight-argument function is gone, so such a call resolves here).
 CREATE FUNCTION __SCHEMA__.rate_acquire(
     p_name text, p_holder text, p_rate integer, p_per double precision, p_burst integer,
-    p_enqueue boolean, p_grace double precision, p_now timestamptz,
+    p_enqueue boolean, p_grace double precision, p_now timestamptz, p_lead bigint DEFAULT 0,
     OUT admitted boolean, OUT queue_position integer, OUT now double precision,
     OUT retry_after double precision, OUT tat double precision)
 LANGUAGE plpgsql
@@ -1444,6 +1497,10 @@ DECLARE
     v_need double precision;
     v_raise boolean;
     v_cutoff double precision;
+    v_conforms boolean;
+    v_at bigint;
+    v_newest bigint;
+    v_ahead integer := 0;
 BEGIN
     SELECT r.id, r.rate, r.per, r.burst, r.tat, r.last_at, r.waiting, r.recent, r.quiet_at
     INTO v_id, v_rate, v_per, v_burst, v_tat, v_last, v_waiting, v_recent, v_quiet
@@ -1477,21 +1534,29 @@ BEGIN
         END IF;
     END IF;
     now := extract(epoch FROM coalesce(p_now, clock_timestamp()));
+    -- A newcomer's arrival stamp (ranking.stamp): the clock in microseconds, above the
+    -- newest stamp in line (v_newest, read with the line).
+    v_at := floor(now * 1000000)::bigint;
 
     -- purge: expired places go; the live line, and our place in it (none when the line has
-    -- no rows at all: nothing to read).
+    -- no rows at all: nothing to read); its newest stamp, and how many a newcomer would
+    -- stand behind (every entry of its rank or better).
     IF v_waiting > 0 THEN
         WITH gone AS (
             DELETE FROM __SCHEMA__.rate_waiters w
             WHERE w.rate_id = v_id AND w.expires_at <= now),
         line AS (
-            SELECT w.seq, w.holder, (row_number() OVER (ORDER BY w.seq) - 1)::integer AS pos
+            SELECT w.seq, w.holder, w.rank, round(w.joined_at * 1000000)::bigint AS stamp,
+                   (row_number() OVER (ORDER BY w.rank, w.seq) - 1)::integer AS pos
             FROM __SCHEMA__.rate_waiters w
-            WHERE w.rate_id = v_id AND w.expires_at > now)
+            WHERE w.rate_id = v_id AND w.expires_at > now),
+        newest AS (
+            SELECT max(l.stamp) AS stamp FROM line l)
         SELECT count(*)::integer, max(l.pos) FILTER (WHERE l.holder = p_holder),
-               max(l.seq) FILTER (WHERE l.holder = p_holder)
-        INTO v_live, v_index, v_seq
-        FROM line l;
+               max(l.seq) FILTER (WHERE l.holder = p_holder), max(s.stamp),
+               count(*) FILTER (WHERE l.rank <= greatest(v_at, s.stamp + 1) - p_lead)::integer
+        INTO v_live, v_index, v_seq, v_newest, v_ahead
+        FROM line l, newest s;
     END IF;
 
     -- One rate per busy name; an idle one (or one with nobody in line and tat past) takes
@@ -1507,9 +1572,11 @@ BEGIN
     END IF;
     v_interval := v_per / v_rate;
     v_tolerance := (v_burst - 1) * v_interval;
+    v_conforms := now >= v_tat - v_tolerance;
     admitted := false;
 
-    IF now >= v_tat - v_tolerance AND (v_index = 0 OR (v_index IS NULL AND v_live = 0)) THEN
+    IF v_conforms AND (v_index = 0 OR (v_index IS NULL AND v_live = 0)) THEN
+        -- first in line, or nobody in line, and the slot has come: admitted
         IF v_index = 0 THEN
             DELETE FROM __SCHEMA__.rate_waiters w WHERE w.seq = v_seq;
             v_live := v_live - 1;
@@ -1517,24 +1584,31 @@ BEGIN
         v_tat := greatest(v_tat, now) + v_interval;
         admitted := true;
         retry_after := 0;
+    ELSIF v_index IS NULL AND NOT p_enqueue THEN
+        retry_after := greatest(now, v_tat - v_tolerance) + v_live * v_interval - now;
+    ELSIF v_index IS NULL AND v_ahead = 0 AND v_conforms THEN
+        -- a newcomer that ranks ahead of everyone in line and whose slot has come: admitted
+        -- at once (its place, taken and given up in the same step, is never written)
+        v_tat := greatest(v_tat, now) + v_interval;
+        admitted := true;
+        retry_after := 0;
     ELSE
-        IF v_index IS NULL AND NOT p_enqueue THEN
-            retry_after := greatest(now, v_tat - v_tolerance) + v_live * v_interval - now;
+        -- a newcomer joins behind the v_ahead entries of its rank or better (those it
+        -- passes get later slots: they learn them when they come back at their old one);
+        -- one in line keeps its place
+        v_index := coalesce(v_index, v_ahead);
+        v_due := greatest(now, v_tat - v_tolerance) + v_index * v_interval;
+        v_exp := v_due + p_grace;
+        IF v_seq IS NULL THEN
+            v_at := greatest(v_at, v_newest + 1);
+            INSERT INTO __SCHEMA__.rate_waiters (rate_id, holder, joined_at, expires_at, rank)
+            VALUES (v_id, p_holder, v_at::double precision / 1000000, v_exp, v_at - p_lead);
+            v_live := v_live + 1;
         ELSE
-            v_due := greatest(now, v_tat - v_tolerance)
-                     + coalesce(v_index, v_live) * v_interval;
-            v_exp := v_due + p_grace;
-            IF v_index IS NULL THEN
-                INSERT INTO __SCHEMA__.rate_waiters (rate_id, holder, joined_at, expires_at)
-                VALUES (v_id, p_holder, now, v_exp);
-                v_index := v_live;
-                v_live := v_live + 1;
-            ELSE
-                UPDATE __SCHEMA__.rate_waiters w SET expires_at = v_exp WHERE w.seq = v_seq;
-            END IF;
-            queue_position := v_index;
-            retry_after := greatest(0, v_due - now);
+            UPDATE __SCHEMA__.rate_waiters w SET expires_at = v_exp WHERE w.seq = v_seq;
         END IF;
+        queue_position := v_index;
+        retry_after := greatest(0, v_due - now);
     END IF;
     tat := v_tat;
 
@@ -1625,7 +1699,7 @@ $$;
 
 -- rate_machine.status, read only: the rate (NULL while idle), the live line in order
 -- (holders, joined, slots: one entry per waiter), the admissions of the last `per` seconds
--- in order, and next_slot (now while idle).
+-- in order, and next_slot (now while idle). The line in order of (rank, seq) (version 9).
 CREATE FUNCTION __SCHEMA__.rate_status(
     p_name text, p_now timestamptz DEFAULT NULL,
     OUT rate integer, OUT per double precision, OUT burst integer, OUT now double precision,
@@ -1656,11 +1730,12 @@ BEGIN
     END IF;
     v_interval := v_per / v_rate;
     v_next := greatest(now, v_tat - (v_burst - 1) * v_interval);
-    SELECT coalesce(array_agg(l.holder ORDER BY l.seq), '{}'),
-           coalesce(array_agg(l.joined_at ORDER BY l.seq), '{}'),
-           coalesce(array_agg(v_next + l.pos * v_interval ORDER BY l.seq), '{}')
+    SELECT coalesce(array_agg(l.holder ORDER BY l.pos), '{}'),
+           coalesce(array_agg(l.joined_at ORDER BY l.pos), '{}'),
+           coalesce(array_agg(v_next + l.pos * v_interval ORDER BY l.pos), '{}')
     INTO holders, joined, slots
-    FROM (SELECT w.seq, w.holder, w.joined_at, row_number() OVER (ORDER BY w.seq) - 1 AS pos
+    FROM (SELECT w.holder, w.joined_at,
+                 row_number() OVER (ORDER BY w.rank, w.seq) - 1 AS pos
           FROM __SCHEMA__.rate_waiters w
           WHERE w.rate_id = v_id AND w.expires_at > now) l;
     SELECT coalesce(array_agg(a.at ORDER BY a.at), '{}') INTO admitted
