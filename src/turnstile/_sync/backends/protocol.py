@@ -98,9 +98,9 @@ class Backend(Protocol):
     ) -> AcquireResult:
         """Hold, join the line, or keep one's place (lock_machine.acquire). Idempotent per
         holder. A new waiting entry is placed by ``priority`` and ``ageing``
-        (_core/ranking.py). Raises ``lock_machine.limit_conflict`` when a newcomer names another limit
-        than the busy name's. Waking the waiters this step granted on others' behalf is part of the
-        operation."""
+        (_core/ranking.py). Raises ``lock_machine.limit_conflict`` when a newcomer names
+        another limit than the busy name's. Waking the waiters this step granted on others'
+        behalf is part of the operation."""
         ...
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
