@@ -5,6 +5,11 @@ same holders and line after each step.
 
 Leases and waiting entries here are long, so no expiry falls inside a sequence (expiry is
 judged by each store's own clock; the contract suite covers it).
+
+Acquires carry random priorities, strict or with an ageing so long (an hour a level) or so
+short (a microsecond) that no comparison of ranks depends on the two stores' clocks: waits
+within a sequence (milliseconds to seconds) are far from either (test_priorities.py covers
+an ageing that matters).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from turnstile._sync.backends.protocol import Backend
 pytestmark = pytest.mark.redis
 
 LONG = 600.0
+# Seconds per priority level: strict, an hour (never reached here), a microsecond (every
+# step is far longer, so the line is in arrival order between these).
+AGEINGS = [None, None, 3600.0, 1e-6]
 
 
 def _server() -> str:
@@ -63,7 +71,7 @@ def test_random_operations_match_the_model(seed: int) -> None:
     names = ["a", "{b}", "c c"]
     holders = [f"h{i}" for i in range(7)]
     tokens: dict[tuple[str, str], tuple[int, int]] = {}  # (name, holder) -> (model, redis)
-    seen: set[str] = set()  # the sequence must include refusals and changes of limit
+    seen: set[str] = set()  # refusals, changes of limit and newcomers passing others
     try:
         for step in range(400):
             name, holder = rng.choice(names), rng.choice(holders)
@@ -76,7 +84,15 @@ def test_random_operations_match_the_model(seed: int) -> None:
                 enqueue = rng.random() < 0.8
                 # Unclaimed grants last min(ttl, wait_ttl), claimed ones ttl: vary both.
                 ttl, wait_ttl = rng.choice([LONG, LONG / 2]), rng.choice([LONG, LONG / 4])
-                args = {"limit": limit, "ttl": ttl, "wait_ttl": wait_ttl, "enqueue": enqueue}
+                args = {
+                    "limit": limit,
+                    "ttl": ttl,
+                    "wait_ttl": wait_ttl,
+                    "enqueue": enqueue,
+                    "priority": rng.randint(-2, 2),
+                    "ageing": rng.choice(AGEINGS),
+                }
+                before = model.backend.status(name)
                 a = _outcome(model.backend.acquire, name, holder, **args)
                 b = _outcome(real.backend.acquire, name, holder, **args)
                 if isinstance(a, str) or isinstance(b, str):  # a refused limit, on both
@@ -85,6 +101,10 @@ def test_random_operations_match_the_model(seed: int) -> None:
                     continue
                 assert (a.grant is None) == (b.grant is None), where
                 assert a.position == b.position, where
+                if a.position is not None and a.position < len(before.waiters) and not any(
+                    w.holder == holder for w in before.waiters
+                ):
+                    seen.add("passed")
                 if a.grant is not None and b.grant is not None:
                     tokens[(name, holder)] = (a.grant.token, b.grant.token)
             elif op == "set_limit":
@@ -110,7 +130,7 @@ def test_random_operations_match_the_model(seed: int) -> None:
                     assert (ga is None) == (gb is None), where
             for n in names:
                 assert _view(model.backend, n) == _view(real.backend, n), f"{where}; {n!r}"
-        assert seen == {"refused", "changed", "unchanged"}, seen
+        assert seen == {"refused", "changed", "unchanged", "passed"}, seen
         # Tokens are ordered the same way on both stores.
         pairs = sorted(tokens.values())
         assert [b for _, b in pairs] == sorted(b for _, b in pairs)

@@ -27,7 +27,7 @@ from urllib.parse import SplitResult
 
 from redis.asyncio.cluster import RedisCluster
 
-from ..._core import lock_machine
+from ..._core import lock_machine, ranking
 from ..._core.records import (
     AcquireResult,
     CallbackDelivery,
@@ -91,7 +91,11 @@ class AsyncRedisWaiter:
     ``acquire`` (see ``AsyncRedisBackend.acquire``)."""
 
     def __init__(
-        self, backend: AsyncRedisBackend, name: str, holder: str, step: tuple[int, ...] | None
+        self,
+        backend: AsyncRedisBackend,
+        name: str,
+        holder: str,
+        step: tuple[int | str, ...] | None,
     ) -> None:
         self._backend = backend
         self._name = name
@@ -196,10 +200,12 @@ class AsyncRedisBackend:
         self._index_keys = keys.callback_index_keys(config.prefix)
         # The args of the last acquire step of each (name, holder) that left it waiting, for
         # the waiter opened next (bounded: try_acquire callers never open one).
-        self._waiting_steps: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._waiting_steps: dict[tuple[str, str], tuple[int | str, ...]] = {}
         # Answers of acquire steps a waiter sent behind its BLPOP: (args, reply, local send
         # and receive times), taken by the next matching acquire.
-        self._prefetched: dict[tuple[str, str], tuple[tuple[int, ...], Any, float, float]] = {}
+        self._prefetched: dict[
+            tuple[str, str], tuple[tuple[int | str, ...], Any, float, float]
+        ] = {}
 
     def queues(self) -> AsyncRedisQueueBackend:
         """The queue operations on this server (see ``redis_queue.py``)."""
@@ -234,9 +240,26 @@ class AsyncRedisBackend:
 
     # -- the protocol ------------------------------------------------------------------------
     async def acquire(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, enqueue: bool
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        enqueue: bool,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
-        step = (limit, keys.lease_micros(ttl), keys.lease_micros(wait_ttl), 1 if enqueue else 0)
+        # ARGV 8 is the callback ("": none), 9 the lead of a new waiting entry (ranking.py).
+        step: tuple[int | str, ...] = (
+            limit,
+            keys.lease_micros(ttl),
+            keys.lease_micros(wait_ttl),
+            1 if enqueue else 0,
+            "",
+            ranking.lead(priority, ageing),
+        )
         if self._prefetched:
             found = self._prefetched.pop((name, holder), None)
             if found is not None and found[0] == step and time.monotonic() - found[3] < 1.0:
@@ -272,14 +295,24 @@ class AsyncRedisBackend:
         return int(reply) == 1
 
     async def acquire_callback(
-        self, name: str, holder: str, *, limit: int, ttl: float, wait_ttl: float, callback: str
+        self,
+        name: str,
+        holder: str,
+        *,
+        limit: int,
+        ttl: float,
+        wait_ttl: float,
+        callback: str,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> AcquireResult:
         # The name goes into the index before the step (so that a client dying right after
         # it strands nothing) and again after it (a deliverer may have found no callbacks
         # in between and be about to drop the entry: the new score makes it keep it).
         before = int(time.time() * 1_000_000) - NOTIFY_SHIFT_US
         await self._notify(name, [str(before)], strict=True)
-        step = [limit, keys.lease_micros(ttl), keys.lease_micros(wait_ttl), 1, callback]
+        lead = ranking.lead(priority, ageing)
+        step = [limit, keys.lease_micros(ttl), keys.lease_micros(wait_ttl), 1, callback, lead]
         reply = await self._run("acquire", name, [name, holder, *step])
         result = replies.acquire_result(name, holder, limit, reply)
         score = replies.notify_score(reply)
@@ -354,11 +387,22 @@ class AsyncRedisBackend:
         burst: int,
         enqueue: bool,
         grace: float,
+        priority: int = 0,
+        ageing: float | None = None,
     ) -> RateResult:
         # per travels as Python's repr of the float: the script compares a busy name's rate
         # by that exact text, and Lua reads the same double back from it.
         per = float(per)
-        args = [name, holder, rate, repr(per), burst, 1 if enqueue else 0, keys.lease_micros(grace)]
+        args = [
+            name,
+            holder,
+            rate,
+            repr(per),
+            burst,
+            1 if enqueue else 0,
+            keys.lease_micros(grace),
+            ranking.lead(priority, ageing),
+        ]
         reply = await self._run_rate("acquire", name, args)
         return replies.rate_result(name, (rate, per, burst), reply)
 

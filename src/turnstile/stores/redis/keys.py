@@ -8,11 +8,11 @@ Key layout (``docs/redis.md``): every key lives under the URL's ``prefix`` (defa
 the name (names may hold ``{``, ``}`` and anything else, so the name itself is never part of
 a key, only stored as data), so a name lives in one Redis Cluster slot::
 
-    <prefix>{T}:d    hash  the name, limit, last fencing token, waiter sequence, and one
+    <prefix>{T}:d    hash  the name, limit, last fencing token, newest arrival stamp, and one
                            field per holder (h:<holder>) and per waiter (w:<holder>)
     <prefix>{T}:hx   zset  holders by lease expiry
     <prefix>{T}:wx   zset  waiters by waiting-entry expiry
-    <prefix>{T}:wq   zset  waiters in line order
+    <prefix>{T}:wq   zset  waiters in line order (by rank: priority, then arrival)
     <prefix>{T}:cw   zset  callback waiters by waiting-entry expiry (only while D has "=cb")
     <prefix>{T}:pd   zset  holders whose callback delivery is pending, by the deliverer's
                            claim on it (0: unclaimed; only while D has "=cb")
@@ -33,7 +33,7 @@ A rate limit's keys live under ``<prefix>{T}:r:`` (same tag again), one per entr
 
     <prefix>{T}:r:m  hash  the name, rate, per, burst, tat, counters, and the time each
                            waiter joined (j:<holder>)
-    <prefix>{T}:r:l  zset  waiters in line order (by arrival sequence)
+    <prefix>{T}:r:l  zset  waiters in line order (by rank: priority, then arrival)
     <prefix>{T}:r:x  zset  waiters by when their place lapses
     <prefix>{T}:r:a  zset  recent admissions by time (the last ``per`` seconds)
 """

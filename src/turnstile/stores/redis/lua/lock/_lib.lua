@@ -6,18 +6,24 @@
 -- Keys of one name, all under one hash tag {T} (T = a hash of the name, never the name
 -- itself) so they share a Cluster slot; every script gets them in this order:
 --   KEYS[1] D   hash  "=name" the name, "=limit", "=last" last fencing token,
---                     "=seq" waiter sequence, "=exp" time up to which the keys' own
---                     expiry covers every entry (us), "=cb" "1" while the name may have
---                     callback waiters or pending deliveries (CW, PD kept up to date),
+--                     "=seq" the newest waiter's arrival stamp (us, strictly increasing
+--                     per name; a plain counter before priorities), "=exp" time up to
+--                     which the keys' own expiry covers every entry (us), "=cb" "1" while
+--                     the name may have callback waiters or pending deliveries (CW, PD
+--                     kept up to date),
 --                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)", or for a
 --                       callback grant "token acquired_us expires_us claimed pending(0|1)
 --                       claimed_until_us attempts callback" (the callback text last: it may
 --                       hold spaces),
---                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us", or for a
---                       callback waiter the same followed by " callback"
+--                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us" (joined_us:
+--                       the arrival stamp), or for a callback waiter the same followed by
+--                       " callback"
 --   KEYS[2] HX  zset  holder scored by its lease's expires_us
 --   KEYS[3] WX  zset  waiter scored by its waiting entry's expires_us
---   KEYS[4] WQ  zset  waiter scored by seq: the line, in the order waiters first asked
+--   KEYS[4] WQ  zset  waiter scored by rank (turnstile/_core/ranking.py: its arrival stamp
+--                     less priority x level, fixed when it joins): the line, smallest
+--                     first, FIFO within a rank (see join(); entries from before
+--                     priorities are scored by a small counter, so they stay first)
 --   KEYS[5] CW  zset  callback waiters scored by their waiting entry's expires_us
 --   KEYS[6] PD  zset  holders whose delivery is pending, scored by the deliverer's claim on
 --                     it (claimed_until_us; 0: nobody's)
@@ -284,6 +290,24 @@ local function promote(limit, claimant)
   put_holders(grants)
   if #front < free then NO_WAITERS = true end
   return free - #front, granted
+end
+
+-- lock_machine.join: put a new waiting entry in line by rank = stamp - lead, where the
+-- stamp is its arrival on the server clock, strictly increasing per name (max(NOW, the
+-- newest stamp + 1)) and lead = priority x level (ARGV, from ranking.lead). It goes behind
+-- every waiter of its rank or better, ahead of the rest. A sorted set orders equal scores by
+-- member, not by arrival, so a rank some waiter already has (only possible between waiters
+-- of different leads) is avoided by arriving 1 us later: the line is then exactly the one
+-- the model gives with that stamp. Returns the stamp (the record's joined_us).
+local function join(holder, lead)
+  local stamp = math.max(S.seq + 1, NOW)
+  while redis.call('ZCOUNT', WQ, fmt(stamp - lead), fmt(stamp - lead)) > 0 do
+    stamp = stamp + 1
+  end
+  S.seq = stamp
+  pending['=seq'] = fmt(stamp)
+  redis.call('ZADD', WQ, fmt(stamp - lead), holder)
+  return stamp
 end
 
 -- Microseconds until the earliest lease expires, or -1 without holders.

@@ -4,8 +4,11 @@
 -- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base "<prefix>{T}:"  [2] name  [3] holder  [4] limit
 --       [5] ttl_us  [6] wait_ttl_us  [7] enqueue: "1" join the line, "0" take a free slot
---       only if nobody waits  [8] (optional) a callback: wait as a callback waiter (with
---       enqueue "1"); the grant, now or later, carries a pending delivery to it
+--       only if nobody waits  [8] a callback ("" or absent: none): wait as a callback
+--       waiter (with enqueue "1"); the grant, now or later, carries a pending delivery to it
+--       [9] (optional, default 0) lead_us: priority x level (ranking.lead), how far ahead of
+--       its arrival a new waiting entry ranks in line (see join() in _lib.lua); a waiter
+--       asking again keeps its place whatever lead it names
 -- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us
 --          [, notify]}:
 --   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
@@ -23,6 +26,7 @@ local limit, ttl, wait_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV
 local enqueue = ARGV[7] == '1'
 local callback = ARGV[8]
 if callback == '' then callback = nil end
+local lead = tonumber(ARGV[9] or '0')
 
 load(holder)
 if S.name and S.name ~= name then
@@ -84,10 +88,8 @@ elseif free > 0 then
   finish()
   return grant_reply(h)
 elseif enqueue then
-  S.seq = S.seq + 1
-  pending['=seq'] = fmt(S.seq)
-  redis.call('ZADD', WQ, fmt(S.seq), holder)
-  put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = NOW, expires = NOW + wait_ttl,
+  local stamp = join(holder, lead)
+  put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = stamp, expires = NOW + wait_ttl,
                       cb = callback})
 end
 

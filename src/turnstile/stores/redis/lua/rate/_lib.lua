@@ -2,17 +2,21 @@
 --
 -- Prepended to each operation script when it is loaded (Redis has no includes). It
 -- implements the steps of turnstile/_core/rate_machine.py: GCRA with emission interval
--- T = per / rate and tolerance tau = (burst - 1) * T, and a line of waiters in arrival order,
+-- T = per / rate and tolerance tau = (burst - 1) * T, and a line of waiters in order of rank
+-- (turnstile/_core/ranking.py: arrival stamp less priority x level; FIFO within a level),
 -- the k-th (0 = next) due at max(now, tat - tau) + k * T, its place lapsing `grace` after.
 --
 -- Keys of one rate limit, under the name's hash tag {T} (one Cluster slot), in this order:
 --   KEYS[1] M  hash  "=name" the name, "=rate", "=per" (Python's repr of the float, so the
 --                    spec compares exactly), "=burst", "=tat" (us, may be fractional),
---                    "=seq" arrival sequence (line scores and admission members), "=nw"
---                    waiters in line, "=na" recent admissions, "=last" the latest admission
---                    (us), "=exp" how far the keys' expiry reaches (us);
---                    "j:"..holder -> joined_us of each waiter
---   KEYS[2] L  zset  waiters scored by seq: the line, in arrival order
+--                    "=seq" a per-name strictly increasing number: the newest waiter's
+--                    arrival stamp (us) and the admission members (a plain counter before
+--                    priorities), "=nw" waiters in line, "=na" recent admissions, "=last"
+--                    the latest admission (us), "=exp" how far the keys' expiry reaches
+--                    (us); "j:"..holder -> joined_us (the arrival stamp) of each waiter
+--   KEYS[2] L  zset  waiters scored by rank (stamp - lead, see join()): the line, smallest
+--                    first, FIFO within a rank (entries from before priorities are scored
+--                    by a small counter, so they stay first)
 --   KEYS[3] X  zset  waiters scored by when their place lapses (us)
 --   KEYS[4] A  zset  recent admissions (member: a seq) scored by their time (us)
 -- L and X hold the same members; both exist only while "=nw" > 0, A only while "=na" > 0.
@@ -134,6 +138,34 @@ local function admit()
   written[A] = true
   covers(S.tat)
   covers(NOW + S.per_us)
+  dirty = true
+end
+
+-- rate_machine.acquire, a newcomer's place: its stamp is its arrival on the server clock,
+-- strictly increasing per name (max(NOW, "=seq" + 1)), its rank stamp - lead (lead =
+-- priority x level, ranking.lead). It goes behind every waiter of its rank or better, ahead
+-- of the rest. A sorted set orders equal scores by member, not by arrival, so a rank some
+-- waiter already has (only possible between waiters of different leads) is avoided by
+-- arriving 1 us later: the line is then exactly the one the model gives with that stamp.
+-- Returns the stamp, the rank and the index the newcomer would take (nothing written).
+local function place(lead)
+  local stamp = math.max(S.seq + 1, NOW)
+  if S.nw > 0 then
+    while redis.call('ZCOUNT', L, fmt(stamp - lead), fmt(stamp - lead)) > 0 do
+      stamp = stamp + 1
+    end
+    return stamp, stamp - lead, redis.call('ZCOUNT', L, '-inf', '(' .. fmt(stamp - lead))
+  end
+  return stamp, stamp - lead, 0
+end
+
+-- Put a newcomer in line at its place (see place()).
+local function join(holder, stamp, rank)
+  S.seq = stamp
+  redis.call('ZADD', L, fmt(rank), holder)
+  redis.call('HSET', M, 'j:' .. holder, fmt(stamp))
+  S.nw = S.nw + 1
+  written[L] = true
   dirty = true
 end
 

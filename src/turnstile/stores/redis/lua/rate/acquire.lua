@@ -2,7 +2,9 @@
 --
 -- KEYS: M L X A (see _lib.lua)
 -- ARGV: [1] name [2] holder [3] rate [4] per (Python repr) [5] burst [6] enqueue (0|1)
---       [7] grace_us
+--       [7] grace_us [8] (optional, default 0) lead_us: priority x level (ranking.lead), how
+--       far ahead of its arrival a newcomer ranks in line (see place() in _lib.lua); a
+--       waiter asking again keeps its place whatever lead it names
 -- Returns {1, -1, now_us, "0", tat_us} when admitted; {0, position or -1, now_us,
 -- retry_after_us, tat_us} otherwise (-1: did not join); {2, rate, per, burst} (the busy
 -- name's own) when the name is in use with another rate. Fractional times are strings.
@@ -10,6 +12,7 @@
 local name, holder = ARGV[1], ARGV[2]
 local rate, per_text, burst = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local enqueue, grace = ARGV[6] == '1', tonumber(ARGV[7])
+local lead = tonumber(ARGV[8] or '0')
 
 load()
 purge_waiters()
@@ -44,13 +47,14 @@ if index == false then
     save(name)
     return {0, -1, NOW, num(slot(S.nw) - NOW), num(S.tat)}
   end
-  S.seq = S.seq + 1
-  redis.call('ZADD', L, fmt(S.seq), holder)
-  redis.call('HSET', M, 'j:' .. holder, fmt(NOW))
-  index = S.nw
-  S.nw = S.nw + 1
-  written[L] = true
-  dirty = true
+  local stamp, rank
+  stamp, rank, index = place(lead)
+  if index == 0 and conforms then -- it ranks ahead of everyone and its slot has come
+    admit()
+    save(name)
+    return {1, -1, NOW, '0', num(S.tat)}
+  end
+  join(holder, stamp, rank)
 end
 local due = slot(index)
 redis.call('ZADD', X, num(due + grace), holder)
