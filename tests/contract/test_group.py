@@ -170,3 +170,52 @@ def test_a_killed_holder_frees_its_key_when_its_lease_expires(
     assert _view(group)[0] == [("next", "a")]
     lease.release()
     wait_until(lambda: group.status().holders == (), timeout=10, what="released")
+
+
+@pytest.mark.slow
+def test_a_paused_holder_is_replaced_and_learns_it_lost(
+    backend: BackendUnderTest, client: turnstile.Client, workers: Spawner
+) -> None:
+    require_processes(backend, "SIGSTOP of the holding process")
+    ttl = 3.0
+    name = "group:pause"
+    victim = workers.spawn(
+        "hold", label="victim", name=name, limit=2, ttl=ttl, holder="victim", key="a", per_key=1
+    )
+    held = victim.wait_for("holding")
+    victim.signal(signal.SIGSTOP)  # teardown sends SIGCONT should an assertion fail first
+    group = client.semaphore_group(name, per_key=1, total=2, ttl=ttl)
+    # Another key is not held up meanwhile.
+    assert group.try_acquire("b", "other").acquired
+    with group.acquire("a", timeout=ttl * 10, holder="successor") as lease:
+        assert lease.token > held["token"]
+        victim.signal(signal.SIGCONT)
+        victim.send("finish")
+        assert victim.wait_for("finishing", timeout=30)["lost"] is True
+        assert victim.wait_for("exit", timeout=30)["raised"] == "LeaseLost"
+        holders = {(h.holder, h.key) for h in group.status().holders}
+        assert ("successor", "a") in holders and ("victim", "a") not in holders
+    victim.join()
+
+
+@pytest.mark.slow
+def test_a_killed_waiter_loses_its_place_and_the_key_moves_on(
+    backend: BackendUnderTest, client: turnstile.Client, workers: Spawner
+) -> None:
+    require_processes(backend, "kill -9 of a waiting process")
+    ttl = 2.0  # a blocked acquire keeps its place by asking every ttl / 3
+    name = "group:dead-waiter"
+    group = client.semaphore_group(name, per_key=1, total=2, ttl=LONG)
+    first = group.acquire("a", timeout=10, holder="first")
+    doomed = workers.spawn(
+        "hold", label="doomed", name=name, limit=2, ttl=ttl, holder="doomed", key="a", per_key=1
+    )
+    wait_until(lambda: "doomed" in [w.holder for w in group.status().waiters], 30, what="line")
+    doomed.signal(signal.SIGKILL)
+    later = group.try_acquire("a", "later", wait_ttl=LONG)
+    assert later.position == 1
+    # The dead waiter's entry lapses (it stops asking); the key's next grant goes to "later".
+    first.release()
+    lease = group.acquire("a", timeout=ttl * 15, holder="later")
+    assert lease.token > first.token
+    assert [(h.holder, h.key) for h in group.status().holders] == [("later", "a")]
