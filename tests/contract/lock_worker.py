@@ -113,6 +113,37 @@ def critical(
     ctx.emit("done")
 
 
+def rated_critical(
+    ctx: Context,
+    name: str,
+    limit: int,
+    rate: int,
+    per: float,
+    burst: int,
+    ttl: float,
+    iterations: int,
+    hold: float,
+) -> None:
+    """:func:`critical` on a semaphore with a rate; each interval has its start time (store
+    clock) as the rate admitted it."""
+    sem = ctx.client.semaphore(name, limit, ttl, rate=rate, per=per, burst=burst)
+    ctx.emit("ready")
+    if ctx.command() != "go":
+        raise RuntimeError("no go")
+    for _ in range(iterations):
+        asked = time.monotonic()
+        with sem.acquire(timeout=ACQUIRE_TIMEOUT) as lease:
+            start = time.monotonic()
+            time.sleep(hold)
+            end = time.monotonic()
+            lost = lease.lost
+        ctx.emit(
+            "interval", asked=asked, start=start, end=end, token=lease.token, lost=lost,
+            started_at=lease.started_at,
+        )
+    ctx.emit("done")
+
+
 def group_critical(
     ctx: Context,
     name: str,
@@ -292,6 +323,7 @@ SCENARIOS: dict[str, Callable[..., Any]] = {
         critical,
         async_critical,
         group_critical,
+        rated_critical,
         wait_grant,
         hold,
         release,

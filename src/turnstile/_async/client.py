@@ -75,12 +75,17 @@ class AsyncClient:
         timeout: float | None = None,
         priority: int = 0,
         ageing: float | bool | None = None,
+        rate: int | None = None,
+        per: float = 1.0,
+        burst: int = 1,
     ) -> AsyncSemaphore:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order.
 
         ``async with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
         seconds (``None``: without a limit), like :meth:`lock`, with the same ``priority``
-        and ``ageing``."""
+        and ``ageing``. With ``rate`` (and ``per``, ``burst``), at most ``rate + burst``
+        holders *start* in any window of ``per`` seconds too: a granted caller keeps its slot
+        until the rate admits it (docs/admission.md)."""
         return AsyncSemaphore(
             self.backend,
             name,
@@ -90,6 +95,9 @@ class AsyncClient:
             timeout=timeout,
             priority=priority,
             ageing=ageing,
+            rate=rate,
+            per=per,
+            burst=burst,
         )
 
     def semaphore_group(

@@ -18,6 +18,7 @@ from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseLost
 from . import _compat
 from .backends.protocol import AsyncBackend, AsyncWaiter
+from .rate_limit import AsyncRateLimit
 from .renewer import renewer_for
 
 log_acquire = logging.getLogger("turnstile.lock.acquire")
@@ -63,6 +64,8 @@ class AsyncLease:
         # An unclaimed grant (handed over with the wake-up, lasting only wait_ttl) that the
         # renewer is to claim for the full ttl once, with or without a with-block.
         self._claiming = False
+        #: A semaphore with a rate: when the rate admitted this holder's start (store clock).
+        self.started_at: float | None = None
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
@@ -276,10 +279,21 @@ class AsyncSemaphore:
         timeout: float | None = None,
         priority: int = 0,
         ageing: float | bool | None = None,
+        rate: int | None = None,
+        per: float = 1.0,
+        burst: int = 1,
     ) -> None:
         self._backend = backend
         self.name = validate.name(name)
         self.limit = validate.limit(limit)
+        # With a rate, a grant is also a *start*: the holder then waits, keeping its slot
+        # (renewed), for the admission of the name's rate limit (rate_limit.py), so at most
+        # `limit` hold at once and at most `rate + burst` start in any window of `per`.
+        self._starts = (
+            None
+            if rate is None
+            else AsyncRateLimit(backend, name, rate, per, burst, priority=priority, ageing=ageing)
+        )
         self.ttl = validate.ttl(ttl)
         self.timeout = validate.timeout(timeout)
         self.priority = validate.priority(priority)
@@ -293,7 +307,13 @@ class AsyncSemaphore:
         self._held: dict[object, AsyncLease] = {}
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} name={self.name!r} limit={self.limit} ttl={self.ttl}>"
+        rate = ""
+        if self._starts is not None:
+            starts = self._starts
+            rate = f" rate={starts.rate} per={starts.per:g} burst={starts.burst}"
+        return (
+            f"<{type(self).__name__} name={self.name!r} limit={self.limit} ttl={self.ttl}{rate}>"
+        )
 
     def _lease(self, result: AcquireResult, sent: float) -> AsyncLease:
         assert result.grant is not None
@@ -356,6 +376,37 @@ class AsyncSemaphore:
             await self._backend.release(self.name, holder, None)
 
     async def _acquire(
+        self, timeout: float | None, holder: str | None, priority: int | None = None
+    ) -> AsyncLease:
+        if self._starts is None:
+            return await self._acquire_slot(timeout, holder, priority)
+        timeout = validate.timeout(timeout)
+        began = time.monotonic()
+        lease = await self._acquire_slot(timeout, holder, priority)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+        return await self._start(lease, left, priority)
+
+    async def _start(
+        self, lease: AsyncLease, timeout: float | None, priority: int | None
+    ) -> AsyncLease:
+        """Hold ``lease`` (renewed meanwhile) until the rate admits its start; on a timeout
+        or any failure, give the slot back."""
+        assert self._starts is not None
+        renewing = lease._renewing
+        if not renewing:
+            await lease.__aenter__()  # keep the slot while waiting for the start
+        try:
+            lease.started_at = await self._starts.acquire(timeout, lease.holder, priority=priority)
+        except BaseException:
+            with contextlib.suppress(BackendUnavailable):
+                await lease.release()
+            raise
+        finally:
+            if not renewing:
+                lease._stop_renewing()
+        return lease
+
+    async def _acquire_slot(
         self, timeout: float | None, holder: str | None, priority: int | None = None
     ) -> AsyncLease:
         timeout = validate.timeout(timeout)
@@ -480,7 +531,10 @@ class AsyncSemaphore:
             raise
         if result.grant is None:
             raise AcquireTimeout(f"{self.name!r} is at its limit ({self.limit}) or has waiters")
-        return self._lease(result, sent)
+        lease = self._lease(result, sent)
+        if self._starts is not None:
+            return await self._start(lease, 0, None)  # its start too, now or never
+        return lease
 
     async def try_acquire(
         self,
@@ -513,6 +567,11 @@ class AsyncSemaphore:
         rank = self._priority(priority)
         if not isinstance(enqueue, bool):
             raise InvalidArgument("enqueue must be true or false")
+        if callback is not None and self._starts is not None:
+            raise InvalidArgument(
+                "a semaphore with a rate takes no callback: its grants wait for their start "
+                "on the caller's side (ask without a rate, or use try_acquire and ask again)"
+            )
         if callback is not None:
             checked = callbacks.check(callback)
             if not enqueue:
@@ -539,8 +598,25 @@ class AsyncSemaphore:
         wait = self.ttl if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
         result, sent = await self._step(holder, wait, enqueue, rank)
         if result.grant is not None:
-            return AsyncTicket(True, None, self._lease(result, sent), result.now, None)
+            lease = self._lease(result, sent)
+            if self._starts is not None:
+                return await self._start_ticket(lease, result.now, wait, rank)
+            return AsyncTicket(True, None, lease, result.now, None)
         return AsyncTicket(False, result.position, None, result.now, result.retry_after)
+
+    async def _start_ticket(
+        self, lease: AsyncLease, now: float, wait_ttl: float, priority: int
+    ) -> AsyncTicket:
+        """A ticket's start under the rate: admitted (the lease is the caller's), or the slot
+        is kept (its lease renewed to the full ttl, as long as the place in the rate's line
+        lasts) and the caller asks again in ``retry_after`` seconds, at position 0."""
+        assert self._starts is not None
+        start = await self._starts.try_acquire(lease.holder, wait_ttl, priority=priority)
+        if start.acquired:
+            lease.started_at = start.now
+            return AsyncTicket(True, None, lease, now, None)
+        await lease.renew()
+        return AsyncTicket(False, 0, None, start.now, start.retry_after)
 
     async def renew(self, holder: str, token: int, ttl: float | None = None) -> AsyncLease:
         """Extend ``holder``'s lease with fencing ``token`` to ``ttl`` (default: the

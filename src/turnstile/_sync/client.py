@@ -76,12 +76,17 @@ class Client:
         timeout: float | None = None,
         priority: int = 0,
         ageing: float | bool | None = None,
+        rate: int | None = None,
+        per: float = 1.0,
+        burst: int = 1,
     ) -> Semaphore:
         """A fair leased semaphore: at most ``limit`` holders of ``name``, in arrival order.
 
         ``with client.semaphore(name, limit) as lease:`` waits up to ``timeout``
         seconds (``None``: without a limit), like :meth:`lock`, with the same ``priority``
-        and ``ageing``."""
+        and ``ageing``. With ``rate`` (and ``per``, ``burst``), at most ``rate + burst``
+        holders *start* in any window of ``per`` seconds too: a granted caller keeps its slot
+        until the rate admits it (docs/admission.md)."""
         return Semaphore(
             self.backend,
             name,
@@ -91,6 +96,9 @@ class Client:
             timeout=timeout,
             priority=priority,
             ageing=ageing,
+            rate=rate,
+            per=per,
+            burst=burst,
         )
 
     def semaphore_group(

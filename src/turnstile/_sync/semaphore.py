@@ -19,6 +19,7 @@ from .._core.records import AcquireResult, Grant, Status
 from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseLost
 from . import _compat
 from .backends.protocol import Backend, Waiter
+from .rate_limit import RateLimit
 from .renewer import renewer_for
 
 log_acquire = logging.getLogger("turnstile.lock.acquire")
@@ -64,6 +65,8 @@ class Lease:
         # An unclaimed grant (handed over with the wake-up, lasting only wait_ttl) that the
         # renewer is to claim for the full ttl once, with or without a with-block.
         self._claiming = False
+        #: A semaphore with a rate: when the rate admitted this holder's start (store clock).
+        self.started_at: float | None = None
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
@@ -240,10 +243,21 @@ class Semaphore:
         timeout: float | None = None,
         priority: int = 0,
         ageing: float | bool | None = None,
+        rate: int | None = None,
+        per: float = 1.0,
+        burst: int = 1,
     ) -> None:
         self._backend = backend
         self.name = validate.name(name)
         self.limit = validate.limit(limit)
+        # With a rate, a grant is also a *start*: the holder then waits, keeping its slot
+        # (renewed), for the admission of the name's rate limit (rate_limit.py), so at most
+        # `limit` hold at once and at most `rate + burst` start in any window of `per`.
+        self._starts = (
+            None
+            if rate is None
+            else RateLimit(backend, name, rate, per, burst, priority=priority, ageing=ageing)
+        )
         self.ttl = validate.ttl(ttl)
         self.timeout = validate.timeout(timeout)
         self.priority = validate.priority(priority)
@@ -257,7 +271,13 @@ class Semaphore:
         self._held: dict[object, Lease] = {}
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} name={self.name!r} limit={self.limit} ttl={self.ttl}>"
+        rate = ""
+        if self._starts is not None:
+            starts = self._starts
+            rate = f" rate={starts.rate} per={starts.per:g} burst={starts.burst}"
+        return (
+            f"<{type(self).__name__} name={self.name!r} limit={self.limit} ttl={self.ttl}{rate}>"
+        )
 
     def _lease(self, result: AcquireResult, sent: float) -> Lease:
         assert result.grant is not None
@@ -320,6 +340,37 @@ class Semaphore:
             self._backend.release(self.name, holder, None)
 
     def _acquire(
+        self, timeout: float | None, holder: str | None, priority: int | None = None
+    ) -> Lease:
+        if self._starts is None:
+            return self._acquire_slot(timeout, holder, priority)
+        timeout = validate.timeout(timeout)
+        began = time.monotonic()
+        lease = self._acquire_slot(timeout, holder, priority)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+        return self._start(lease, left, priority)
+
+    def _start(
+        self, lease: Lease, timeout: float | None, priority: int | None
+    ) -> Lease:
+        """Hold ``lease`` (renewed meanwhile) until the rate admits its start; on a timeout
+        or any failure, give the slot back."""
+        assert self._starts is not None
+        renewing = lease._renewing
+        if not renewing:
+            lease.__enter__()  # keep the slot while waiting for the start
+        try:
+            lease.started_at = self._starts.acquire(timeout, lease.holder, priority=priority)
+        except BaseException:
+            with contextlib.suppress(BackendUnavailable):
+                lease.release()
+            raise
+        finally:
+            if not renewing:
+                lease._stop_renewing()
+        return lease
+
+    def _acquire_slot(
         self, timeout: float | None, holder: str | None, priority: int | None = None
     ) -> Lease:
         timeout = validate.timeout(timeout)
@@ -424,7 +475,10 @@ class Semaphore:
             raise
         if result.grant is None:
             raise AcquireTimeout(f"{self.name!r} is at its limit ({self.limit}) or has waiters")
-        return self._lease(result, sent)
+        lease = self._lease(result, sent)
+        if self._starts is not None:
+            return self._start(lease, 0, None)  # its start too, now or never
+        return lease
 
     def try_acquire(
         self,
@@ -457,6 +511,11 @@ class Semaphore:
         rank = self._priority(priority)
         if not isinstance(enqueue, bool):
             raise InvalidArgument("enqueue must be true or false")
+        if callback is not None and self._starts is not None:
+            raise InvalidArgument(
+                "a semaphore with a rate takes no callback: its grants wait for their start "
+                "on the caller's side (ask without a rate, or use try_acquire and ask again)"
+            )
         if callback is not None:
             checked = callbacks.check(callback)
             if not enqueue:
@@ -483,8 +542,25 @@ class Semaphore:
         wait = self.ttl if wait_ttl is None else validate.ttl(wait_ttl, "wait_ttl")
         result, sent = self._step(holder, wait, enqueue, rank)
         if result.grant is not None:
-            return Ticket(True, None, self._lease(result, sent), result.now, None)
+            lease = self._lease(result, sent)
+            if self._starts is not None:
+                return self._start_ticket(lease, result.now, wait, rank)
+            return Ticket(True, None, lease, result.now, None)
         return Ticket(False, result.position, None, result.now, result.retry_after)
+
+    def _start_ticket(
+        self, lease: Lease, now: float, wait_ttl: float, priority: int
+    ) -> Ticket:
+        """A ticket's start under the rate: admitted (the lease is the caller's), or the slot
+        is kept (its lease renewed to the full ttl, as long as the place in the rate's line
+        lasts) and the caller asks again in ``retry_after`` seconds, at position 0."""
+        assert self._starts is not None
+        start = self._starts.try_acquire(lease.holder, wait_ttl, priority=priority)
+        if start.acquired:
+            lease.started_at = start.now
+            return Ticket(True, None, lease, now, None)
+        lease.renew()
+        return Ticket(False, 0, None, start.now, start.retry_after)
 
     def renew(self, holder: str, token: int, ttl: float | None = None) -> Lease:
         """Extend ``holder``'s lease with fencing ``token`` to ``ttl`` (default: the
