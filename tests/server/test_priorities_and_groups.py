@@ -103,3 +103,42 @@ def test_bad_group_fields_are_named(
                                                        **body})
     assert words in api.error(response, 422, "invalid_argument")
     api.close()
+
+
+def test_a_semaphore_with_a_start_rate_over_http(sqlite_served: Served) -> None:
+    api = sqlite_served.api()
+    spec: dict[str, Any] = {"name": "p:rated", "limit": 3, "rate": 1, "per": 600, "ttl": 120}
+    assert api.ok("/v1/semaphores/try-acquire", {**spec, "holder": "a"})["acquired"]
+    # A free slot, but the next start is ten minutes away: the slot is held meanwhile.
+    waiting = api.ok("/v1/semaphores/try-acquire", {**spec, "holder": "b"})
+    assert (waiting["acquired"], waiting["position"]) == (False, 0)
+    assert 500 < waiting["retry_after"] <= 600
+    holders = api.ok("/v1/semaphores/status", {"name": "p:rated"})["holders"]
+    assert sorted(h["holder"] for h in holders) == ["a", "b"]
+    late = api.post("/v1/semaphores/acquire", {**spec, "holder": "c", "wait": 1})
+    assert "past the timeout" in api.error(late, 409, "acquire_timeout")
+    holders = api.ok("/v1/semaphores/status", {"name": "p:rated"})["holders"]
+    assert sorted(h["holder"] for h in holders) == ["a", "b"]  # c gave its slot back
+    rates = api.ok("/v1/rates/status", {"name": "p:rated"})
+    assert [w["holder"] for w in rates["waiters"]] == ["b"]
+    api.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"per": 5}, "per and burst go with rate"),
+        ({"rate": 0}, "rate must be between 1"),
+        ({"rate": 1, "key": "k", "per_key": 1}, "a semaphore group takes no rate"),
+        ({"rate": 1, "callback": {"kind": "sfn", "task_token": "t0ken"}},
+         "takes no callback"),
+    ],
+)
+def test_bad_start_rates_are_named(
+    sqlite_served: Served, body: dict[str, Any], words: str
+) -> None:
+    api = sqlite_served.api()
+    response = api.post("/v1/semaphores/try-acquire", {"name": "p:r", "limit": 2, "holder": "h",
+                                                       **body})
+    assert words in api.error(response, 422, "invalid_argument")
+    api.close()

@@ -37,6 +37,7 @@ from .openapi import (
     NAME,
     PER_KEY,
     PRIORITY,
+    RATE_FIELDS,
     TOKEN,
     TTL,
     callback_schema,
@@ -63,12 +64,20 @@ def _primitive(ctx: Ctx, kind: str, *, ttl: float = 30.0) -> AsyncSemaphore:
         # A semaphore group: `limit` is its total, `key` the slot asked for.
         if "per_key" not in args.values or "key" not in args.values:
             raise InvalidArgument("a semaphore group's ask needs both key and per_key")
+        if "rate" in args.values:
+            raise InvalidArgument("a semaphore group takes no rate")
         group = ctx.client.semaphore_group(
             args["name"], args["per_key"], args["limit"], ttl, **rank
         )
         sem = group.key(args["key"])
     else:
-        sem = ctx.client.semaphore(args["name"], args["limit"], ttl, **rank)
+        rated: dict[str, Any] = {}
+        if "rate" in args.values:
+            rated = {"rate": args["rate"], "per": args.get("per", 1.0),
+                     "burst": args.get("burst", 1)}
+        elif "per" in args.values or "burst" in args.values:
+            raise InvalidArgument("per and burst go with rate (a semaphore's start rate)")
+        sem = ctx.client.semaphore(args["name"], args["limit"], ttl, **rank, **rated)
     ctx.may_write(sem.name)
     return sem
 
@@ -246,8 +255,20 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
     what = "semaphore" if sem else "lock"
     limit = (Field("limit", LIMIT, required=True),) if sem else ()
     group = (Field("key", GROUP_KEY), Field("per_key", PER_KEY)) if sem else ()
+    # A semaphore's start rate (RATE_FIELDS, none required): not with a group's key.
+    rated = tuple(
+        Field(field, {**schema, "description": "A start rate: " + schema["description"]})
+        for field, schema in RATE_FIELDS.items()
+    ) if sem else ()
     # A group's ask names both.
-    paired: Schema = {"dependentRequired": {"key": ["per_key"], "per_key": ["key"]}} if sem else {}
+    # A group's ask names both key and per_key; per and burst go with rate; a group has no
+    # start rate (yet).
+    paired: Schema = {
+        "dependentRequired": {
+            "key": ["per_key"], "per_key": ["key"], "per": ["rate"], "burst": ["rate"],
+        },
+        "allOf": [{"not": {"required": ["key", "rate"]}}],
+    } if sem else {}
     name = Field("name", NAME, required=True)
     holder = Field("holder", HOLDER, required=True)
     lease: Schema = obj(["lease"], {"lease": ref("Lease")})
@@ -278,6 +299,7 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                 Field("priority", PRIORITY),
                 Field("ageing", AGEING),
                 *group,
+                *rated,
             ),
             body_extra=paired,
             response=obj(["acquired", "lease"],
@@ -306,10 +328,18 @@ def _kind_endpoints(kind: str, config: ServerConfig) -> list[Endpoint]:
                 Field("priority", PRIORITY),
                 Field("ageing", AGEING),
                 *group,
+                *rated,
             ),
-            # A callback waits in line: not with `enqueue: false`.
-            body_extra={"not": {"required": ["callback", "enqueue"],
-                                "properties": {"enqueue": {"const": False}}}, **paired},
+            body_extra={
+                **paired,
+                "allOf": [
+                    *paired.get("allOf", []),
+                    # A callback waits in line: not with `enqueue: false`, nor with a rate.
+                    {"not": {"required": ["callback", "enqueue"],
+                             "properties": {"enqueue": {"const": False}}}},
+                    *([{"not": {"required": ["callback", "rate"]}}] if sem else []),
+                ],
+            },
             response=ref("Ticket"),
             errors=(409,),
         ),
