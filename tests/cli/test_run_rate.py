@@ -4,6 +4,7 @@ command in turnstile's place. Real processes against a SQLite file of the test's
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -141,8 +142,10 @@ def test_a_missing_command_is_127(url: str) -> None:
         (["--rate-limit", "x", "--rate", "5/s", "--burst", "0"], "argument --burst"),
         (["--rate-limit", "x", "--rate", "5/s", "--limit", "2"], "--limit does not apply"),
         (["--rate-limit", "x", "--rate", "5/s", "--ttl", "5"], "--ttl does not apply"),
-        (["--lock", "x", "--rate", "5/s"], "--rate applies only to --rate-limit"),
-        (["--semaphore", "x", "--limit", "2", "--burst", "2"], "--burst applies only to"),
+        (["--lock", "x", "--rate", "5/s"], "--rate applies only to --rate-limit and --semaphore"),
+        (["--semaphore", "x", "--limit", "2", "--burst", "2"], "--burst goes with --rate"),
+        (["--group", "g", "--key", "k", "--per-key", "1", "--total", "2", "--rate", "5/s"],
+         "--rate applies only to --rate-limit and --semaphore"),
         (["--lock", "x", "--rate-limit", "y", "--rate", "5/s"], "not allowed with argument"),
     ],
 )
@@ -181,3 +184,22 @@ def test_status_shows_a_rate_limit(url: str) -> None:
     assert [w["holder"] for w in data["waiters"]] == ["c", "d"] and len(data["admitted"]) == 2
     both = run("status", "--url", url, "--rate-limit", "api", "deploy")
     assert both.returncode == 2 and "--rate-limit takes no NAME or --prefix" in both.stderr
+
+
+def test_a_semaphore_with_a_start_rate(url: str, tmp_path: Path) -> None:
+    """`--semaphore NAME --limit N --rate R/UNIT`: at most N at once, and starts spaced by
+    the rate (store clock, given to the command as TURNSTILE_STARTED_AT)."""
+    log = tmp_path / "started"
+    record = py("import os, sys, time; open(sys.argv[1], 'a').write(os.environ["
+                "'TURNSTILE_STARTED_AT'] + '\\n'); time.sleep(0.05)")
+    procs = [
+        spawn("run", "--url", url, "--semaphore", "jobs", "--limit", "2", "--rate", "10/s",
+              "--holder", f"h{i}", "--timeout", "60", "--", *record, str(log))
+        for i in range(5)
+    ]
+    for proc in procs:
+        assert proc.wait(60) == 0, stderr_of(proc)
+    starts = sorted(float(t) for t in log.read_text().split())
+    assert len(starts) == 5
+    # One start every 0.1 s (burst 1), by the store's clock.
+    assert all(b - a >= 0.1 - 1e-6 for a, b in itertools.pairwise(starts))

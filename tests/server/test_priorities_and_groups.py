@@ -130,6 +130,7 @@ def test_a_semaphore_with_a_start_rate_over_http(sqlite_served: Served) -> None:
         ({"per": 5}, "per and burst go with rate"),
         ({"rate": 0}, "rate must be between 1"),
         ({"rate": 1, "key": "k", "per_key": 1}, "a semaphore group takes no rate"),
+        ({"burst": 10**7, "key": "k", "per_key": 1}, "a semaphore group takes no rate"),
         ({"rate": 1, "callback": {"kind": "sfn", "task_token": "t0ken"}},
          "takes no callback"),
     ],

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from .. import AcquireTimeout, BackendUnavailable, InvalidArgument, Lease, LeaseLost, Semaphore
 from .._async import rate_limit
@@ -121,14 +122,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rate",
         metavar="N/UNIT",
         type=rate_type("--rate"),
-        help="the rate of --rate-limit: N admissions per UNIT, where UNIT is s, m, h, a "
+        help="the rate of --rate-limit, or of a --semaphore's starts: N admissions per UNIT, "
+        "where UNIT is s, m, h, a "
         "number of seconds, or a number with s, m or h (10/s, 30/m, 1000/h, 5/2.5, 100/15m)",
     )
     parser.add_argument(
         "--burst",
         metavar="N",
         type=_support.int_type("--burst", 1, rate_limit.MAX_RATE),
-        help="with --rate-limit: admissions at once from idle (1 to 1000000; default 1)",
+        help="with --rate: admissions at once from idle (1 to 1000000; default 1)",
     )
     parser.add_argument(
         "--limit",
@@ -248,9 +250,12 @@ def run_command(args: argparse.Namespace) -> int:
                 parser.error(f"{option} applies only to --group")
     if args.rate_limit is not None:
         return _run_rate_limited(args, parser, command)
-    for option, value in (("--rate", args.rate), ("--burst", args.burst)):
-        if value is not None:
-            parser.error(f"{option} applies only to --rate-limit")
+    if args.semaphore is None:
+        for option, value in (("--rate", args.rate), ("--burst", args.burst)):
+            if value is not None:
+                parser.error(f"{option} applies only to --rate-limit and --semaphore")
+    elif args.burst is not None and args.rate is None:
+        parser.error("--burst goes with --rate")
     ttl: float = 30.0 if args.ttl is None else args.ttl
 
     if args.group is not None:
@@ -283,7 +288,11 @@ def run_command(args: argparse.Namespace) -> int:
             sem = group.key(args.key)
             shown = f"group {name!r} key {args.key!r}"
         else:
-            sem = client.semaphore(name, limit, ttl, on_lost=alarm, **rank)
+            rated: dict[str, Any] = {}
+            if args.rate is not None:
+                rate, per = args.rate
+                rated = {"rate": rate, "per": per, "burst": args.burst or 1}
+            sem = client.semaphore(name, limit, ttl, on_lost=alarm, **rank, **rated)
         started = time.monotonic()
         lease: Lease | None = None
         try:
@@ -311,6 +320,10 @@ def run_command(args: argparse.Namespace) -> int:
                     env["TURNSTILE_KEY"] = args.key
                 else:
                     env.pop("TURNSTILE_KEY", None)  # an enclosing group run's
+                if lease.started_at is not None:  # a semaphore's start rate admitted it
+                    env["TURNSTILE_STARTED_AT"] = repr(lease.started_at)
+                else:
+                    env.pop("TURNSTILE_STARTED_AT", None)
                 return _Supervisor(lease, command, env, args, shown, alarm).run()
         finally:
             if lease is not None:

@@ -64,8 +64,8 @@ def _primitive(ctx: Ctx, kind: str, *, ttl: float = 30.0) -> AsyncSemaphore:
         # A semaphore group: `limit` is its total, `key` the slot asked for.
         if "per_key" not in args.values or "key" not in args.values:
             raise InvalidArgument("a semaphore group's ask needs both key and per_key")
-        if "rate" in args.values:
-            raise InvalidArgument("a semaphore group takes no rate")
+        if any(field in args.values for field in ("rate", "per", "burst")):
+            raise InvalidArgument("a semaphore group takes no rate (rate, per, burst)")
         group = ctx.client.semaphore_group(
             args["name"], args["per_key"], args["limit"], ttl, **rank
         )
