@@ -281,16 +281,21 @@ def row_metrics(records: list[dict[str, float]], library: str, seconds: float,
 def turnstile_rate_support(url: str) -> str:
     """'' when the store behind ``url`` runs rate limits, else why not."""
     import turnstile
+    from turnstile import RateLimit
 
     try:
         client = turnstile.connect(url)
     except Exception as exc:
         return f"cannot connect: {type(exc).__name__}: {exc}"
     try:
-        client.backend.rate_acquire(f"bench-adm-probe-{secrets.token_hex(3)}", "probe",
-                                    rate=1000, per=1.0, burst=1, enqueue=False, grace=1.0)
+        # Through RateLimit, so the probe calls the store exactly as the callers will.
+        RateLimit(client.backend, f"bench-adm-probe-{secrets.token_hex(3)}", rate=1000,
+                  per=1.0, burst=1).try_acquire("probe", enqueue=False)
     except (AttributeError, NotImplementedError) as exc:
         return f"this store has no `rate_acquire` on this branch ({type(exc).__name__})"
+    except TypeError as exc:
+        return (f"this store's `rate_acquire` does not take what `RateLimit` passes on this "
+                f"branch ({exc})")
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
