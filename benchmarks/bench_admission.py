@@ -360,6 +360,7 @@ def dbos_metrics(records: list[dict[str, Any]], stamps: dict[str, tuple[int, int
     worst = max_in_window(times, per - 0.001)
     n = len(recs)
     to_start = [(r["admitted"] - r["called"]) * 1000 for r in recs]
+    stamp_to_start = [(r["admitted"] - r["started"]) * 1000 for r in recs]
     return {
         "admissions": n,
         "span_s": span,
@@ -384,6 +385,9 @@ def dbos_metrics(records: list[dict[str, Any]], stamps: dict[str, tuple[int, int
         "to_start_p99_ms": percentile(to_start, 99),
         "result_p50_ms": percentile([(r["returned"] - r["admitted"]) * 1000 for r in recs],
                                     50),
+        "stamp_to_start_p50_ms": percentile(stamp_to_start, 50),
+        "stamp_to_start_p99_ms": percentile(stamp_to_start, 99),
+        "backoffs": store.get("backoffs", 0),
         "max_in_window_wall": max_in_window([r["admitted"] for r in recs], per),
         "max_in_tenth_wall": max_in_window([r["admitted"] for r in recs], per / 10),
     }
@@ -623,7 +627,7 @@ class AdmissionBench(Bench):
         factories = [functools.partial(Callers, "dbos", url, spec, t, queue, dbos=dbos)
                      for t in layout]
         run = _run_layout(Contender("dbos postgres", factories[0]), factories, queue, seconds)
-        records, store = [], {"statements": 0, "transactions": 0}
+        records, store = [], {"statements": 0, "transactions": 0, "backoffs": 0}
         for p, r in enumerate(run.results):
             for k in store:
                 store[k] += r["store"].get(k, 0)
@@ -733,9 +737,10 @@ class AdmissionBench(Bench):
         version = info["versions"].get("dbos", "?")
         pollings = ", ".join(f"{p:g} s" for p in dict.fromkeys(r["polling_s"] for r in ran))
         table = [[r["label"], r["callers"], r["enqueue_p50_ms"], r["to_start_p50_ms"],
-                  r["to_start_p99_ms"], r["result_p50_ms"], r["max_in_window_wall"],
+                  r["to_start_p99_ms"], r["stamp_to_start_p50_ms"], r["stamp_to_start_p99_ms"],
+                  r["result_p50_ms"], r["max_in_window_wall"],
                   r["max_in_tenth_wall"], r["steps_per_admission"],
-                  r["transactions_per_admission"]] for r in ran]
+                  r["transactions_per_admission"], r["backoffs"]] for r in ran]
         return [
             f"DBOS Transact {version}. Each caller process runs DBOS (`DBOS.launch()`, an "
             "executor id of its own) on a database of the run's own on the same PostgreSQL "
@@ -767,15 +772,25 @@ class AdmissionBench(Bench):
             "process's run, counted client-side.",
             "",
             markdown_table(["contender", "callers", "enqueue p50 ms", "enqueue to start p50 ms",
-                            "p99 ms", "start to result p50 ms",
+                            "p99 ms", "stamp to start p50 ms", "p99 ms",
+                            "start to result p50 ms",
                             f"max in any {per:g} s (wall)",
                             f"max in any {per / 10:g} s (wall)", "SQL statements / admission",
-                            "transactions / admission"], table),
+                            "transactions / admission", "poll back-offs"], table),
             "",
             "*enqueue*: the `enqueue()` call; *enqueue to start*: from calling `enqueue()` to "
-            "the workflow's first line (wall clock; both on this machine); *start to result*: "
+            "the workflow's first line (wall clock; both on this machine); *stamp to start*: "
+            "from DBOS's start stamp (the claiming transaction's `now()`, the time its limiter "
+            "counts) to the workflow's first line: the claiming transaction's own time plus "
+            "the wait for an executor thread in the claiming process; *start to result*: "
             "from the workflow's first line to `get_result()` returning in the caller; *max "
-            "in any window (wall)*: by the workflows' own start times, what downstream sees.",
+            "in any window (wall)*: by the workflows' own start times, what downstream sees: "
+            "the limiter counts stamps, so when one claim's workflows start late (above) and "
+            "the next claim's on time, more than the bound can start within one window. "
+            "*poll back-offs*: DBOS's \"Contention detected in queue thread\" warnings in "
+            "all processes: a poll whose claim conflicted with another process's "
+            "(serialization failure), after which that process doubles its polling interval "
+            "and eases it back by 10% a poll.",
         ]
 
     def _reading(self, ok: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
@@ -827,9 +842,8 @@ class AdmissionBench(Bench):
                 f"{r['late_p50_ms']:.0f} ms (p50; p99 {r['late_p99_ms']:.0f} ms) after the "
                 f"limiter allowed it, {r['to_start_p50_ms']:.0f} ms from `enqueue()` "
                 f"(p50); {r['steps_per_admission']:.1f} SQL statements and "
-                f"{r['transactions_per_admission']:.1f} transactions per admission; "
-                f"{r['fifo_violations']} FIFO violations ({r['certain_fifo_violations']} "
-                "certain).")
+                f"{r['transactions_per_admission']:.1f} transactions per admission; FIFO "
+                f"violations {r['fifo_violations']} (certain {r['certain_fifo_violations']}).")
         out.append(
             "- The moving window admits in bursts: every refused caller sleeps to the same "
             "reset and they race; whoever hits first wins (no order), and a whole window's "

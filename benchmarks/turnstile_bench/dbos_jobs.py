@@ -8,6 +8,7 @@ registered name, and every process registers the same one here, at import.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -21,7 +22,7 @@ APP = "turnstile-bench"
 WORKFLOW = "turnstile_bench_admit"
 
 _lock = threading.Lock()
-_counts = {"statements": 0, "transactions": 0}
+_counts = {"statements": 0, "transactions": 0, "backoffs": 0}
 
 
 # Every statement and commit of every SQLAlchemy engine in this process (DBOS's system
@@ -36,6 +37,17 @@ def _count_statement(*_args: Any) -> None:
 def _count_commit(*_args: Any) -> None:
     with _lock:
         _counts["transactions"] += 1
+
+
+class _Backoffs(logging.Handler):
+    """Counts DBOS's "Contention detected in queue thread" warnings: a poll that hit a
+    serialization conflict with another process's claim, after which that process doubles
+    its polling interval (and eases it back by 10% a poll)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Contention detected"):
+            with _lock:
+                _counts["backoffs"] += 1
 
 
 def counts() -> dict[str, int]:
@@ -61,6 +73,7 @@ def launch(url: str, pool_size: int, *, migrate: bool = False) -> None:
         "run_migrations": migrate,
     })
     DBOS.launch()
+    logging.getLogger("dbos").addHandler(_Backoffs())
 
 
 def migrate(url: str) -> None:
