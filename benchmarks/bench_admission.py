@@ -844,6 +844,20 @@ class AdmissionBench(Bench):
                 f"(p50); {r['steps_per_admission']:.1f} SQL statements and "
                 f"{r['transactions_per_admission']:.1f} transactions per admission; FIFO "
                 f"violations {r['fifo_violations']} (certain {r['certain_fifo_violations']}).")
+        dbos = [r for r in ok if r["library"] == "dbos"]
+        if dbos:
+            late = [r["late_p50_ms"] for r in dbos]
+            sql = [r["steps_per_admission"] for r in dbos]
+            out.append(
+                "- DBOS's limiter is a rolling window like `limits`', applied when a process "
+                "polls the queue: one transaction claims as many of the oldest queued "
+                "workflows as the window has room for. So a workflow waits for the next poll "
+                f"of any process (late p50 {min(late):.0f} to {max(late):.0f} ms across its "
+                "rows), a claim starts several at once (max in a tenth of the window), and the "
+                "queue keeps enqueue order (no certain FIFO violation). An admission costs "
+                f"{min(sql):.1f} to {max(sql):.1f} SQL statements: the enqueue, the claim, the "
+                "workflow's status and result writes, the caller's result polls, and every "
+                "process's polls of the queue.")
         out.append(
             "- The moving window admits in bursts: every refused caller sleeps to the same "
             "reset and they race; whoever hits first wins (no order), and a whole window's "
