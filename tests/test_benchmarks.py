@@ -166,7 +166,22 @@ def _check_admission(results: dict, text: str) -> None:
             assert r["certain_fifo_violations"] is not None
         if r["store"] == "redis":
             assert r["redis_commands_per_admission"] > 0
+        if r["library"] == "dbos":
+            # Shape only: DBOS's own stamps, its line (enqueue order), its SQL counted.
+            assert r["certain_fifo_violations"] is not None
+            assert r["transactions_per_admission"] > 0
+            assert r["to_start_p50_ms"] > 0 and r["result_p50_ms"] >= 0
+            assert r["late_p50_ms"] >= 0 and 0 <= r["waited"] <= r["admissions"]
+            assert r["max_in_window_wall"] >= 1
+    # DBOS rows for each caller count: measured, or saying why not (no dbos, no PostgreSQL).
+    dbos = [r for r in rows if r["library"] == "dbos"]
+    assert {r["callers"] for r in dbos} == {r["callers"] for r in rows}
+    assert all(r["store"] == "postgres" and r["label"].startswith("DBOS") for r in dbos)
     assert "## Against the targets" in text and "## DBOS" in text
+    if any(r["available"] for r in dbos):
+        assert "DBOS Transact" in text and "SQL statements / admission" in text
+    else:
+        assert "Not measured in this run: " + dbos[0]["note"] in text
 
 
 CHECKS = {

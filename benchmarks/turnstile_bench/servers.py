@@ -152,3 +152,37 @@ def procrastinate_database(server: str) -> Iterator[str]:
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextlib.contextmanager
+def dbos_database(server: str) -> Iterator[str]:
+    """A database of the run's own on ``server`` (``tt_bench_dbos_<random>``) with DBOS's
+    system tables (created once, by a DBOS launched in a subprocess); yields its URL; dropped
+    afterwards (``WITH (FORCE)``: a worker that did not close is cut off). Raises
+    :class:`Unavailable` with the reason if DBOS cannot set it up."""
+    import subprocess
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    parts = urlsplit(server)
+    if not parts.scheme.startswith("postgres"):
+        raise Unavailable(f"DBOS needs a postgresql:// URL, not {server!r}")
+    name = f"tt_bench_dbos_{secrets.token_hex(4)}"
+    url = parts._replace(path=f"/{name}").geturl()
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                "from turnstile_bench import dbos_jobs; dbos_jobs.migrate(sys.argv[2])")
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(Path(__file__).resolve().parents[1]), url],
+            capture_output=True, text=True, timeout=180,
+        )
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise Unavailable(f"DBOS could not set up its database: {last}")
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
