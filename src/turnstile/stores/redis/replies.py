@@ -123,8 +123,8 @@ def _kind(value: Any) -> str | None:
 _DELIVERY = {"1": callbacks.PENDING, "0": callbacks.DELIVERED}
 
 
-def _key(value: Any) -> str | None:
-    return None if value is None else _text(value)
+def _key(has_key: Any, key: Any) -> str | None:
+    return _text(key) if int(has_key) else None
 
 
 def status_result(name: str, reply: list[Any]) -> Status:
@@ -140,22 +140,22 @@ def status_result(name: str, reply: list[Any]) -> Status:
                 _seconds(flat_holders[i + 3]),
                 _kind(flat_holders[i + 4]),
                 _DELIVERY.get(_text(flat_holders[i + 5])),
-                _key(flat_holders[i + 6]),
+                _key(flat_holders[i + 6], flat_holders[i + 7]),
             )
-            for i in range(0, len(flat_holders), 7)
+            for i in range(0, len(flat_holders), 8)
         ),
         key=lambda h: h.token,
     )
     waiters = tuple(
         WaiterInfo(
             _text(flat_waiters[i]),
-            i // 5,
+            i // 6,
             _seconds(flat_waiters[i + 1]),
             _seconds(flat_waiters[i + 2]),
             _kind(flat_waiters[i + 3]),
-            _key(flat_waiters[i + 4]),
+            _key(flat_waiters[i + 4], flat_waiters[i + 5]),
         )
-        for i in range(0, len(flat_waiters), 5)
+        for i in range(0, len(flat_waiters), 6)
     )
     limit_text, per_key_text = _text(limit), _text(per_key)
     return Status(
