@@ -10,6 +10,11 @@ Acquires carry random priorities, strict or with an ageing so long (an hour a le
 short (a microsecond) that no comparison of ranks depends on the two stores' clocks: waits
 within a sequence (milliseconds to seconds) are far from either (test_priorities.py covers
 an ageing that matters).
+
+Semaphore groups get a sequence of their own: random keys from a small set (one with a
+space, one that looks like a record's length prefix), per_key 1 to 2 and a total of 2 to 3,
+so that promote's skips of full keys are compared step for step, with plain acquires and
+other shapes on the same names (refused alike), releases, renewals and changes of total.
 """
 
 from __future__ import annotations
@@ -50,15 +55,17 @@ def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _view(backend: Backend, name: str) -> tuple[object, ...]:
-    """Limit, holders with the time left on their lease (to 10 s: the two stores' clocks
-    and the steps' timing differ a little), and the line."""
+    """Limit (and a group's per_key), holders with their key and the time left on their
+    lease (to 10 s: the two stores' clocks and the steps' timing differ a little), and the
+    line."""
     s = backend.status(name)
     tokens = [h.token for h in s.holders]
     assert tokens == sorted(tokens)
     return (
         s.limit,
-        [(h.holder, round((h.expires_at - s.now) / 10)) for h in s.holders],
-        [(w.holder, w.position, round((w.expires_at - s.now) / 10)) for w in s.waiters],
+        s.per_key,
+        [(h.holder, h.key, round((h.expires_at - s.now) / 10)) for h in s.holders],
+        [(w.holder, w.key, w.position, round((w.expires_at - s.now) / 10)) for w in s.waiters],
     )
 
 
@@ -137,9 +144,111 @@ def test_random_operations_match_the_model(seed: int) -> None:
     finally:
         model.close()
         real.close()
-        import redis
+        _clean(prefix)
 
-        admin = redis.Redis.from_url(_server())
-        for key in list(admin.scan_iter(match=f"{prefix}*", count=1000)):
-            admin.delete(key)
-        admin.close()
+
+def _clean(prefix: str) -> None:
+    import redis
+
+    admin = redis.Redis.from_url(_server())
+    for key in list(admin.scan_iter(match=f"{prefix}*", count=1000)):
+        admin.delete(key)
+    admin.close()
+
+
+GROUP_KEYS = ["a", "b", "c", "k 1", "k1 x"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_random_group_operations_match_the_model(seed: int) -> None:
+    rng = random.Random(seed)
+    prefix = f"tt-model-g-{secrets.token_hex(4)}:"
+    model = turnstile.connect("memory://")
+    real = turnstile.connect(f"{_server()}?prefix={prefix}")
+    names = ["g", "g {2}"]
+    holders = [f"h{i}" for i in range(9)]
+    tokens: dict[tuple[str, str], tuple[int, int]] = {}  # (name, holder) -> (model, redis)
+    seen: set[str] = set()
+    try:
+        for step in range(500):
+            name, holder = rng.choice(names), rng.choice(holders)
+            op = rng.choices(
+                ["acquire", "set_limit", "release", "release_token", "renew", "clear"],
+                [10, 1, 3, 2, 1, 1],
+            )[0]
+            where = f"seed {seed} step {step}: {op} {name!r} {holder!r}"
+            if op == "acquire":
+                # Another shape is mostly tried on a busy name (refused); on an idle one it
+                # makes a plain semaphore or another group of the name until the next clear.
+                busy = model.backend.status(name).limit is not None
+                weights = [12, 1, 1] if busy else [30, 1, 1]
+                shape = rng.choices(["group", "other", "plain"], weights)[0]
+                if shape == "group":  # the name's usual shape: per_key 1 or 2, total 2 or 3
+                    per_key, limit = (1, 2) if name == "g" else (2, 3)
+                elif shape == "other":
+                    per_key, limit = rng.choice([(1, 3), (2, 2), (1, 1)])
+                else:
+                    per_key, limit = None, rng.choice([2, 3])
+                key = rng.choice(GROUP_KEYS) if per_key is not None else None
+                args = {
+                    "limit": limit,
+                    "ttl": rng.choice([LONG, LONG / 2]),
+                    "wait_ttl": rng.choice([LONG, LONG / 4]),
+                    "enqueue": rng.random() < 0.8,
+                    "priority": rng.choice([0, 0, 0, 1, -1]),
+                    "ageing": rng.choice(AGEINGS),
+                    "key": key,
+                    "per_key": per_key,
+                }
+                before = model.backend.status(name)
+                a = _outcome(model.backend.acquire, name, holder, **args)
+                b = _outcome(real.backend.acquire, name, holder, **args)
+                if isinstance(a, str) or isinstance(b, str):  # a refused shape, on both
+                    assert a == b, where
+                    seen.add("group refused" if "semaphore group" in a else "refused")
+                    continue
+                assert (a.grant is None) == (b.grant is None), where
+                assert a.position == b.position, where
+                if a.grant is not None and b.grant is not None:
+                    tokens[(name, holder)] = (a.grant.token, b.grant.token)
+                    if before.per_key is not None and not any(
+                        h.holder == holder for h in before.holders
+                    ) and any(w.key != key for w in before.waiters):
+                        seen.add("granted past a full key")
+            elif op == "set_limit":
+                limit = rng.choice([2, 3])
+                previous = model.backend.set_limit(name, limit)
+                assert real.backend.set_limit(name, limit) == previous, where
+            elif op == "release":
+                assert model.backend.release(name, holder, None) == real.backend.release(
+                    name, holder, None
+                ), where
+            elif op == "clear":  # everyone leaves: the name is idle, free to take a shape
+                for h in holders:
+                    assert model.backend.release(name, h, None) == real.backend.release(
+                        name, h, None
+                    ), where
+                seen.add("cleared")
+            else:
+                known = tokens.get((name, holder))
+                if known is None:
+                    continue
+                if op == "release_token":
+                    ra = model.backend.release(name, holder, known[0])
+                    rb = real.backend.release(name, holder, known[1])
+                    assert ra == rb, where
+                else:
+                    ga = model.backend.renew(name, holder, known[0], LONG)
+                    gb = real.backend.renew(name, holder, known[1], LONG)
+                    assert (ga is None) == (gb is None), where
+            for n in names:
+                view = _view(model.backend, n)
+                assert view == _view(real.backend, n), f"{where}; {n!r}"
+                if view[1] is not None and len(view[3]) > 0 and len(view[2]) < view[0]:
+                    seen.add("skipped")  # a free slot and a line: every key in it is full
+        expected = {"refused", "group refused", "skipped", "granted past a full key", "cleared"}
+        assert expected <= seen, seen
+    finally:
+        model.close()
+        real.close()
+        _clean(prefix)

@@ -78,6 +78,14 @@ CHARACTERISTICS = Characteristics(
 )
 
 
+def _group_args(key: str | None, per_key: int | None) -> tuple[int | str, ...]:
+    """acquire.lua's ARGV 10 and 11 (per_key, key; "" for none), sent only when the caller
+    names either: a plain acquire sends what it sent before groups."""
+    if key is None and per_key is None:
+        return ()
+    return ("" if per_key is None else per_key, "" if key is None else key)
+
+
 class AsyncRedisWaiter:
     """Blocks in BLPOP on the waiter's own list, which the granting script pushes to.
 
@@ -250,8 +258,11 @@ class AsyncRedisBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
-        # ARGV 8 is the callback ("": none), 9 the lead of a new waiting entry (ranking.py).
+        # ARGV 8 is the callback ("": none), 9 the lead of a new waiting entry (ranking.py),
+        # 10 and 11 a semaphore group's per_key and key (sent only for a group).
         step: tuple[int | str, ...] = (
             limit,
             keys.lease_micros(ttl),
@@ -259,6 +270,7 @@ class AsyncRedisBackend:
             1 if enqueue else 0,
             "",
             ranking.lead(priority, ageing),
+            *_group_args(key, per_key),
         )
         if self._prefetched:
             found = self._prefetched.pop((name, holder), None)
@@ -267,7 +279,7 @@ class AsyncRedisBackend:
                 # the server after `sent`. Shift `now` by the time since, so that the local
                 # deadline the caller derives (its send time + expires - now) counts from
                 # `sent`: conservative, never late.
-                result = replies.acquire_result(name, holder, limit, found[1])
+                result = replies.acquire_result(name, holder, limit, found[1], per_key)
                 result = dataclasses.replace(
                     result, now=result.now + (time.monotonic() - found[2])
                 )
@@ -278,7 +290,7 @@ class AsyncRedisBackend:
                 # than start on a lease that looks nearly over, ask again. Per holder the step
                 # answers the same grant, with the store's clock read now.
         reply = await self._run("acquire", name, [name, holder, *step])
-        result = replies.acquire_result(name, holder, limit, reply)
+        result = replies.acquire_result(name, holder, limit, reply, per_key)
         if len(reply) > 7:
             await self._notify(name, [replies.notify_score(reply) or ""])
         if result.grant is None and result.position is not None:
@@ -305,6 +317,8 @@ class AsyncRedisBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         # The name goes into the index before the step (so that a client dying right after
         # it strands nothing) and again after it (a deliverer may have found no callbacks
@@ -312,9 +326,17 @@ class AsyncRedisBackend:
         before = int(time.time() * 1_000_000) - NOTIFY_SHIFT_US
         await self._notify(name, [str(before)], strict=True)
         lead = ranking.lead(priority, ageing)
-        step = [limit, keys.lease_micros(ttl), keys.lease_micros(wait_ttl), 1, callback, lead]
+        step = [
+            limit,
+            keys.lease_micros(ttl),
+            keys.lease_micros(wait_ttl),
+            1,
+            callback,
+            lead,
+            *_group_args(key, per_key),
+        ]
         reply = await self._run("acquire", name, [name, holder, *step])
-        result = replies.acquire_result(name, holder, limit, reply)
+        result = replies.acquire_result(name, holder, limit, reply, per_key)
         score = replies.notify_score(reply)
         if score is not None:
             await self._notify(name, [score])

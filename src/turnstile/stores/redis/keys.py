@@ -8,8 +8,10 @@ Key layout (``docs/redis.md``): every key lives under the URL's ``prefix`` (defa
 the name (names may hold ``{``, ``}`` and anything else, so the name itself is never part of
 a key, only stored as data), so a name lives in one Redis Cluster slot::
 
-    <prefix>{T}:d    hash  the name, limit, last fencing token, newest arrival stamp, and one
-                           field per holder (h:<holder>) and per waiter (w:<holder>)
+    <prefix>{T}:d    hash  the name, limit, last fencing token, newest arrival stamp, a
+                           semaphore group's per-key limit ("=pk"), and one field per holder
+                           (h:<holder>) and per waiter (w:<holder>); a group's holder and
+                           waiter records start with their key, "k<bytes> <key> "
     <prefix>{T}:hx   zset  holders by lease expiry
     <prefix>{T}:wx   zset  waiters by waiting-entry expiry
     <prefix>{T}:wq   zset  waiters in line order (by rank: priority, then arrival)

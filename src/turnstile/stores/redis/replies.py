@@ -44,12 +44,19 @@ def notify_score(reply: Any) -> str | None:
     return None
 
 
-def acquire_result(name: str, holder: str, limit: int, reply: list[Any]) -> AcquireResult:
-    """The answer of acquire.lua to a step that asked with ``limit``; raises
-    ``lock_machine.limit_conflict`` when the script refused it (``granted`` 2)."""
+def acquire_result(
+    name: str, holder: str, limit: int, reply: list[Any], per_key: int | None = None
+) -> AcquireResult:
+    """The answer of acquire.lua to a step that asked with ``limit`` (and ``per_key``);
+    raises ``lock_machine.limit_conflict`` (``group_conflict`` when the per_key differs)
+    when the script refused it (``granted`` 2, with the name's limit and per_key, -1 for
+    none, in place of position and retry)."""
     granted, token, acquired, expires, now, position, retry = reply[:7]
     if int(granted) == 2:
-        raise lock_machine.limit_conflict(name, int(position), limit)
+        current = (int(position), None if int(retry) < 0 else int(retry))
+        if current[1] != per_key:
+            raise lock_machine.group_conflict(name, current, (limit, per_key))
+        raise lock_machine.limit_conflict(name, current[0], limit)
     if int(granted) == 1:
         grant = Grant(name, holder, int(token), _seconds(acquired), _seconds(expires))
         return AcquireResult(grant, None, _seconds(now), None)
@@ -116,10 +123,14 @@ def _kind(value: Any) -> str | None:
 _DELIVERY = {"1": callbacks.PENDING, "0": callbacks.DELIVERED}
 
 
+def _key(has_key: Any, key: Any) -> str | None:
+    return _text(key) if int(has_key) else None
+
+
 def status_result(name: str, reply: list[Any]) -> Status:
     """status.lua's answer: callbacks come as their kind only (the script never sends the
     stored text, which may hold a task token)."""
-    now_us, limit, flat_holders, flat_waiters = reply
+    now_us, limit, flat_holders, flat_waiters, per_key = reply
     holders = sorted(
         (
             HolderInfo(
@@ -129,25 +140,28 @@ def status_result(name: str, reply: list[Any]) -> Status:
                 _seconds(flat_holders[i + 3]),
                 _kind(flat_holders[i + 4]),
                 _DELIVERY.get(_text(flat_holders[i + 5])),
+                _key(flat_holders[i + 6], flat_holders[i + 7]),
             )
-            for i in range(0, len(flat_holders), 6)
+            for i in range(0, len(flat_holders), 8)
         ),
         key=lambda h: h.token,
     )
     waiters = tuple(
         WaiterInfo(
             _text(flat_waiters[i]),
-            i // 4,
+            i // 6,
             _seconds(flat_waiters[i + 1]),
             _seconds(flat_waiters[i + 2]),
             _kind(flat_waiters[i + 3]),
+            _key(flat_waiters[i + 4], flat_waiters[i + 5]),
         )
-        for i in range(0, len(flat_waiters), 4)
+        for i in range(0, len(flat_waiters), 6)
     )
-    limit_text = _text(limit)
+    limit_text, per_key_text = _text(limit), _text(per_key)
     return Status(
         name=name,
         limit=int(limit_text) if limit_text else None,
+        per_key=int(per_key_text) if per_key_text else None,
         holders=tuple(holders),
         waiters=waiters,
         now=_seconds(now_us),

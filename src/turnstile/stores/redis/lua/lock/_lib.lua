@@ -10,14 +10,19 @@
 --                     per name; a plain counter before priorities), "=exp" time up to
 --                     which the keys' own expiry covers every entry (us), "=cb" "1" while
 --                     the name may have callback waiters or pending deliveries (CW, PD
---                     kept up to date),
+--                     kept up to date), "=pk" a semaphore group's per-key limit (absent:
+--                     a plain lock or semaphore; "=limit" is then the group's total),
 --                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)", or for a
 --                       callback grant "token acquired_us expires_us claimed pending(0|1)
 --                       claimed_until_us attempts callback" (the callback text last: it may
 --                       hold spaces),
 --                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us" (joined_us:
 --                       the arrival stamp), or for a callback waiter the same followed by
---                       " callback"
+--                       " callback";
+--                     a group's holder or waiter record starts with its key, length first:
+--                       "k<bytes> <key> " then the record above (a key may hold spaces and
+--                       anything but NUL; a record without it, as every record written
+--                       before groups, has no key)
 --   KEYS[2] HX  zset  holder scored by its lease's expires_us
 --   KEYS[3] WX  zset  waiter scored by its waiting entry's expires_us
 --   KEYS[4] WQ  zset  waiter scored by rank (turnstile/_core/ranking.py: its arrival stamp
@@ -53,7 +58,7 @@ local NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- State read at the start of an operation (one HMGET), written back by finish().
 local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
-           cb = false}
+           cb = false, pk = false}
 local pending = {}    -- D fields to write in finish(): field -> value
 local extend = {}     -- keys whose expiry must cover the newest entry
 local newest = 0      -- latest expiry written by this operation
@@ -68,24 +73,40 @@ local NOTIFY_SHIFT = 1000000000000000 -- 1e15 us: notifications score below any 
 
 local function load(holder)
   local r = redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                       'h:' .. holder, 'w:' .. holder)
+                       'h:' .. holder, 'w:' .. holder, '=pk')
   S.name, S.limit = r[1], r[2] and tonumber(r[2])
   S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
   S.cb, S.mine, S.waiting = r[6] and true or false, r[7], r[8]
+  S.pk = r[9] and tonumber(r[9]) or false
 end
 
-local function parse_holder(s)
+-- A record's key (a group's holder or waiter: "k<bytes> <key> <record>"), and the rest;
+-- nil and the whole record without one.
+local function split_key(s)
+  if string.byte(s, 1) ~= 107 then return nil, s end -- "k"
+  local n, at = string.match(s, '^k(%d+) ()')
+  n = tonumber(n)
+  return string.sub(s, at, at + n - 1), string.sub(s, at + n + 1)
+end
+
+local function with_key(key, s)
+  if key == nil then return s end
+  return 'k' .. #key .. ' ' .. key .. ' ' .. s
+end
+
+local function parse_holder(record)
+  local key, s = split_key(record)
   local token, acquired, expires, claimed = string.match(s, '^(%d+) (%d+) (%d+) ([01])$')
   if token then
     return {token = token, acquired = tonumber(acquired), expires = tonumber(expires),
-            claimed = claimed == '1'}
+            claimed = claimed == '1', key = key}
   end
   local p, cu, att, cb
   token, acquired, expires, claimed, p, cu, att, cb =
     string.match(s, '^(%d+) (%d+) (%d+) ([01]) ([01]) (%d+) (%d+) (.*)$')
   return {token = token, acquired = tonumber(acquired), expires = tonumber(expires),
           claimed = claimed == '1', pending = p == '1', cu = tonumber(cu),
-          attempts = tonumber(att), cb = cb}
+          attempts = tonumber(att), cb = cb, key = key}
 end
 
 local function pack_holder(h)
@@ -95,13 +116,14 @@ local function pack_holder(h)
     s = s .. ' ' .. (h.pending and '1' or '0') .. ' ' .. fmt(h.cu) .. ' ' .. fmt(h.attempts) ..
         ' ' .. h.cb
   end
-  return s
+  return with_key(h.key, s)
 end
 
-local function parse_waiter(s)
+local function parse_waiter(record)
+  local key, s = split_key(record)
   local ttl, wait_ttl, joined, expires, rest = string.match(s, '^(%d+) (%d+) (%d+) (%d+)(.*)$')
   local w = {ttl = tonumber(ttl), wait_ttl = tonumber(wait_ttl), joined = tonumber(joined),
-             expires = tonumber(expires)}
+             expires = tonumber(expires), key = key}
   if rest ~= '' then w.cb = string.sub(rest, 2) end
   return w
 end
@@ -109,7 +131,7 @@ end
 local function pack_waiter(w)
   local s = fmt(w.ttl) .. ' ' .. fmt(w.wait_ttl) .. ' ' .. fmt(w.joined) .. ' ' .. fmt(w.expires)
   if w.cb then s = s .. ' ' .. w.cb end
-  return s
+  return with_key(w.key, s)
 end
 
 -- The name has (or is about to have) callbacks: keep CW and PD from now on.
@@ -129,6 +151,13 @@ local function unpack_chunks(list, fn)
   for i = 1, #list, CHUNK do
     fn({unpack(list, i, math.min(i + CHUNK - 1, #list))})
   end
+end
+
+-- Field names of D, without touching `pending` (prefixed() is for deletions).
+local function fields(p, members)
+  local out = {}
+  for i, m in ipairs(members) do out[i] = p .. m end
+  return out
 end
 
 local function prefixed(p, members)
@@ -250,18 +279,13 @@ local function wake(holder, lease_us)
   redis.call('PEXPIRE', key, fmt(math.floor(lease_us / 1000) + 1))
 end
 
--- model.promote: grant free slots to waiters from the front. A callback waiter gets a
--- grant claimed for its full ttl with its delivery pending (in PD), and no wake-up; the
--- claimant (the caller) gets a claimed grant for its full ttl; anyone else an unclaimed
--- grant lasting min(ttl, wait_ttl), and a wake-up. Returns the free slots left (0, or > 0
--- only when the line is now empty) and the records granted, by holder.
-local function promote(limit, claimant)
+-- Grant the waiters `front` (their records `recs`, in line order) and take them out of the
+-- line. A callback waiter gets a grant claimed for its full ttl with its delivery pending
+-- (in PD), and no wake-up; the claimant (the caller) gets a claimed grant for its full ttl;
+-- anyone else an unclaimed grant lasting min(ttl, wait_ttl), and a wake-up. Returns the
+-- records granted, by holder.
+local function grant_waiters(front, recs, claimant)
   local granted = {}
-  local free = limit - held()
-  if free <= 0 or NO_WAITERS then return math.max(free, 0), granted end
-  local front = redis.call('ZRANGE', WQ, 0, free - 1)
-  if #front == 0 then return free, granted end
-  local recs = redis.call('HMGET', D, unpack(prefixed('w:', front)))
   redis.call('HDEL', D, unpack(prefixed('w:', front)))
   redis.call('ZREM', WQ, unpack(front))
   redis.call('ZREM', WX, unpack(front))
@@ -275,19 +299,104 @@ local function promote(limit, claimant)
     local h
     if w.cb then
       h = {token = next_token(), acquired = NOW, expires = NOW + w.ttl, claimed = true,
-           cb = w.cb, pending = true, cu = 0, attempts = 0}
+           cb = w.cb, pending = true, cu = 0, attempts = 0, key = w.key}
       put_pending(holder, h)
       NOTIFY = true
     else
       local claimed = holder == claimant
       local lease = claimed and w.ttl or math.min(w.ttl, w.wait_ttl)
-      h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed}
+      h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed,
+           key = w.key}
       if not claimed then wake(holder, lease) end
     end
     granted[holder] = h
     table.insert(grants, {holder, h})
   end
   put_holders(grants)
+  return granted
+end
+
+-- A group's holders by key (lock_machine.NameState.key_counts; no key counts as `false`),
+-- recounted from the holder records: 1 ZRANGE and 1 HMGET per CHUNK holders. Counting
+-- rather than keeping counts means no step that drops a holder (release, expiry, a refused
+-- delivery, a key that expires) can leave a count behind.
+local function key_counts()
+  local counts = {}
+  if NO_HOLDERS then return counts end
+  local members = redis.call('ZRANGE', HX, 0, -1)
+  unpack_chunks(members, function(c)
+    local recs = redis.call('HMGET', D, unpack(fields('h:', c)))
+    for i, m in ipairs(c) do
+      local rec = pending['h:' .. m] or recs[i] -- a grant of this step may be unwritten
+      if rec then
+        local k = split_key(rec) or false
+        counts[k] = (counts[k] or 0) + 1
+      end
+    end
+  end)
+  return counts
+end
+
+-- lock_machine.NameState.has_room for a group: a grant to `key` keeps the per-key limit
+-- (the total is the caller's to check).
+local function key_has_room(key)
+  return (key_counts()[key or false] or 0) < S.pk
+end
+
+-- model.promote in a semaphore group ("=pk"): walk the line from the front, granting every
+-- waiter whose key has fewer than per_key holders while the total has room, skipping those
+-- whose key is full (no head-of-line blocking). Costs key_counts() and, per slice of the
+-- line read (a few waiters first, then growing to CHUNK), 1 ZRANGE and 1 HMGET: a line whose
+-- front is all full keys is read up to the first grantable waiter, or to its end (the
+-- worst case: O(waiters) per step). Returns as promote() does, except that free slots may
+-- be left with waiters in line (all of full keys).
+local function promote_group(limit, claimant)
+  local free = limit - held()
+  if free <= 0 or NO_WAITERS then return math.max(free, 0), {} end
+  local counts = key_counts()
+  local front, recs = {}, {}
+  local start, size, skipped, rest = 0, math.min(CHUNK, math.max(8, 2 * free)), 0, true
+  while free > 0 and rest do
+    local slice = redis.call('ZRANGE', WQ, start, start + size - 1)
+    rest = #slice == size -- there may be more of the line behind this slice
+    if #slice > 0 then
+      local got = redis.call('HMGET', D, unpack(fields('w:', slice)))
+      for i, holder in ipairs(slice) do
+        if free == 0 then
+          rest = true -- waiters left behind the last grant
+          break
+        end
+        local rec = pending['w:' .. holder] or got[i]
+        local k = split_key(rec) or false
+        if (counts[k] or 0) < S.pk then
+          counts[k] = (counts[k] or 0) + 1
+          free = free - 1
+          table.insert(front, holder)
+          table.insert(recs, rec)
+        else
+          skipped = skipped + 1 -- its key is full: the waiters behind it go on
+        end
+      end
+    end
+    start, size = start + size, math.min(CHUNK, size * 4)
+  end
+  if #front == 0 then return free, {} end
+  local granted = grant_waiters(front, recs, claimant)
+  if not rest and skipped == 0 then NO_WAITERS = true end
+  return free, granted
+end
+
+-- model.promote: grant free slots to waiters from the front (grant_waiters()). Returns the
+-- free slots left (0, or > 0 only when the line is now empty; in a group, see
+-- promote_group()) and the records granted, by holder.
+local function promote(limit, claimant)
+  if S.pk then return promote_group(limit, claimant) end
+  local free = limit - held()
+  if free <= 0 or NO_WAITERS then return math.max(free, 0), {} end
+  local front = redis.call('ZRANGE', WQ, 0, free - 1)
+  if #front == 0 then return free, {} end
+  local recs = redis.call('HMGET', D, unpack(prefixed('w:', front)))
+  local granted = grant_waiters(front, recs, claimant)
   if #front < free then NO_WAITERS = true end
   return free - #front, granted
 end
@@ -367,11 +476,5 @@ local function callback_kind(cb)
   return 'unknown'
 end
 
--- Field names of D, without touching `pending` (prefixed() is for deletions).
-local function fields(p, members)
-  local out = {}
-  for i, m in ipairs(members) do out[i] = p .. m end
-  return out
-end
 
 -- ---- operation ------------------------------------------------------------------------

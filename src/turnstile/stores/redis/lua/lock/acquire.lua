@@ -9,13 +9,18 @@
 --       [9] (optional, default 0) lead_us: priority x level (ranking.lead), how far ahead of
 --       its arrival a new waiting entry ranks in line (see join() in _lib.lua); a waiter
 --       asking again keeps its place whatever lead it names
+--       [10] (optional; "" or absent: none) per_key: the name is a semaphore group whose
+--       total is the limit (lock_machine.acquire: an idle name takes it, a newcomer naming
+--       another one on a busy name is refused)  [11] (optional; "" or absent: none) the key
+--       the caller asks for in the group (never empty: validate.group_key)
 -- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us
 --          [, notify]}:
 --   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
 --   granted = 0: position in line (0 = next) or -1 when not in line, and retry_after_us
 --   until the earliest lease expires or -1 without holders;
---   granted = 2: refused, the name is busy under another limit, given in place of position
---   (a newcomer naming another limit; see lock_machine.limit_conflict);
+--   granted = 2: refused, the name is busy under another limit or per_key, given in place
+--   of position and retry_after_us (-1: not a group): a newcomer naming another shape; see
+--   lock_machine.limit_conflict and group_conflict;
 --   notify (present only when set): the score under which the client must add the name to
 --   the index of names with callbacks (index.lua), see NOTIFY in _lib.lua. Always present
 --   for a callback ask.
@@ -27,6 +32,9 @@ local enqueue = ARGV[7] == '1'
 local callback = ARGV[8]
 if callback == '' then callback = nil end
 local lead = tonumber(ARGV[9] or '0')
+local per_key = ARGV[10] ~= nil and ARGV[10] ~= '' and tonumber(ARGV[10]) or false
+local key = ARGV[11]
+if key == '' then key = nil end
 
 load(holder)
 if S.name and S.name ~= name then
@@ -37,15 +45,20 @@ if callback then
   NOTIFY = true -- the deliverer learns of the name, and reschedules it, at once
 end
 purge(holder)
--- model.acquire: a busy name keeps its limit; a newcomer naming another one is refused
--- (nothing written but the purge); an idle name takes the caller's.
+-- model.acquire: a busy name keeps its limit and per_key; a newcomer naming another shape
+-- is refused (nothing written but the purge); an idle name takes the caller's.
 if busy() and S.limit then
-  if S.limit ~= limit then
-    if not (S.mine or S.waiting) then return {2, '', 0, 0, NOW, S.limit, -1} end
+  if S.limit ~= limit or S.pk ~= per_key then
+    if not (S.mine or S.waiting) then return {2, '', 0, 0, NOW, S.limit, S.pk or -1} end
     limit = S.limit
   end
-elseif S.limit ~= limit then
-  pending['=limit'] = fmt(limit)
+else
+  if S.limit ~= limit then pending['=limit'] = fmt(limit) end
+  if S.pk ~= per_key then
+    -- Only a name that was (or becomes) a group pays for this.
+    if per_key then pending['=pk'] = fmt(per_key) else redis.call('HDEL', D, '=pk') end
+    S.pk = per_key
+  end
 end
 if not S.name then pending['=name'] = name end
 local free, granted = promote(limit, nil) -- expiries may free slots
@@ -72,14 +85,18 @@ if mine then
 end
 
 if S.waiting then
-  -- Keep our place (a waiter is never behind free slots: promote left free = 0).
+  -- Keep our place (a waiter is never behind free slots: promote left free = 0, or in a
+  -- group no free slot its key could take).
   local w = parse_waiter(S.waiting)
   w.ttl, w.wait_ttl, w.expires = ttl, wait_ttl, NOW + wait_ttl
   if callback then w.cb = callback end
   put_waiter(holder, w)
-elseif free > 0 then
-  -- The line is empty and a slot is free: joining and being promoted at once, in one go.
-  local h = {token = next_token(), acquired = NOW, expires = NOW + ttl, claimed = true}
+elseif free > 0 and (not S.pk or key_has_room(key)) then
+  -- A slot is free and the line empty: joining and being promoted at once, in one go.
+  -- (In a group the line may hold waiters, all of full keys, and a grant to this key
+  -- leaves them full: the model's join-then-promote grants this caller and nobody else.)
+  local h = {token = next_token(), acquired = NOW, expires = NOW + ttl, claimed = true,
+             key = key}
   if callback then
     h.cb, h.pending, h.cu, h.attempts = callback, true, 0, 0
     put_pending(holder, h)
@@ -90,7 +107,7 @@ elseif free > 0 then
 elseif enqueue then
   local stamp = join(holder, lead)
   put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = stamp, expires = NOW + wait_ttl,
-                      cb = callback})
+                      cb = callback, key = key})
 end
 
 local position = -1

@@ -2,12 +2,14 @@
 --
 -- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base
--- Returns {now_us, limit or "", holders, waiters} where holders is a flat list
--- {holder, token, acquired_us, expires_us, callback kind, delivery, ...} of unexpired leases
--- (any order) and waiters a flat list {holder, joined_us, expires_us, callback kind, ...} of
--- unexpired entries in line order. A callback kind is "sfn", "http", "unknown" or "" (no
--- callback; never the callback itself), delivery "1" pending, "0" delivered, "" none.
--- limit is "" when the name has no live holder or waiter.
+-- Returns {now_us, limit or "", holders, waiters, per_key or ""} where holders is a flat list
+-- {holder, token, acquired_us, expires_us, callback kind, delivery, has_key, key, ...} of
+-- unexpired leases (any order) and waiters a flat list {holder, joined_us, expires_us,
+-- callback kind, has_key, key, ...} of unexpired entries in line order. A callback kind is
+-- "sfn", "http", "unknown" or "" (no callback; never the callback itself), delivery "1"
+-- pending, "0" delivered, "" none; has_key 1 and the key of a group's holder or waiter, or
+-- 0 and "". limit (and per_key, "" unless the name is a semaphore group) is "" when the
+-- name has no live holder or waiter.
 
 local holders = {}
 local live = redis.call('ZRANGEBYSCORE', HX, '(' .. fmt(NOW), '+inf')
@@ -22,6 +24,8 @@ unpack_chunks(live, function(c)
       table.insert(holders, h.expires)
       table.insert(holders, callback_kind(h.cb))
       table.insert(holders, h.cb and (h.pending and '1' or '0') or '')
+      table.insert(holders, h.key and 1 or 0)
+      table.insert(holders, h.key or '')
     end
   end
 end)
@@ -37,10 +41,15 @@ unpack_chunks(line, function(c)
         table.insert(waiters, w.joined)
         table.insert(waiters, w.expires)
         table.insert(waiters, callback_kind(w.cb))
+        table.insert(waiters, w.key and 1 or 0)
+        table.insert(waiters, w.key or '')
       end
     end
   end
 end)
-local limit = ''
-if #holders > 0 or #waiters > 0 then limit = redis.call('HGET', D, '=limit') or '1' end
-return {NOW, limit, holders, waiters}
+local limit, per_key = '', ''
+if #holders > 0 or #waiters > 0 then
+  local r = redis.call('HMGET', D, '=limit', '=pk')
+  limit, per_key = r[1] or '1', r[2] or ''
+end
+return {NOW, limit, holders, waiters, per_key}
