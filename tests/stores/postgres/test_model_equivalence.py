@@ -4,7 +4,10 @@ times, positions, retry_after, status, names, callback deliveries taken and sett
 same NOTIFY wake-ups, in order, each carrying exactly the grant the model made, for the
 waiting entry the waiter was told of (callback waiters are never woken). Acquires carry
 random priorities, some with ageing (_core/ranking.py), so lines are reordered: the same
-order, positions and arrival stamps on both."""
+order, positions and arrival stamps on both. Two names are semaphore groups (random keys from
+a small set, per_key 1-2, total 2-3), so promotions skip waiters of full keys (no
+head-of-line blocking) and callers of another shape are refused: the same grants, skips,
+keys and refusals on both."""
 
 from __future__ import annotations
 
@@ -25,9 +28,16 @@ pytestmark = pytest.mark.postgres
 
 T0 = 1_700_000_000.0
 GRID = 1 / 64  # exact both as a float and in microseconds, so expiry boundaries agree
-NAMES = ["a", "b:{x}", "c ☃"]
+PLAIN = ["a", "b:{x}", "c ☃"]
+GROUPS = ["g", "g:{y} ☃"]  # semaphore groups (per_key), unless a caller's other shape wins
+NAMES = PLAIN + GROUPS
+KEYS = ["k1", "k2", "k3"]
 HOLDERS = ["h1", "h2", "h3", "h4", "h5"]
+GROUP_HOLDERS = [*HOLDERS, "h6", "h7"]  # enough for a group's line to form behind its total
 TTLS = [0.25, 0.5, 1.0, 2.0, 3.0]
+# A group's leases and places last longer, so that lines form behind full keys and the total
+# (a group needs more holders than a lock before anyone waits).
+GROUP_TTLS = [8.0, 16.0, 32.0]
 OUTCOMES = ["delivered", "delivered", "refused", "retry"]
 PRIORITIES = [-2, -1, 0, 0, 0, 1, 2]
 # Mostly strict; with ageing, levels of a few steps of the virtual clock (GRID multiples),
@@ -37,6 +47,45 @@ AGEINGS = [None, None, None, 0.25, 1.0, 4 * GRID]
 
 def _ranking(rng: random.Random) -> dict[str, Any]:
     return {"priority": rng.choice(PRIORITIES), "ageing": rng.choice(AGEINGS)}
+
+
+def _shape(
+    rng: random.Random, name: str, home: dict[str, tuple[int, int | None]], ref: Reference
+) -> dict[str, Any]:
+    """An acquire's limit, key and per_key: mostly the name's shape (its own while busy, its
+    usual one while idle: a line forms, hand-overs happen), sometimes another (refused while
+    the name is busy, taken while it is idle): a plain name asked as a group, a group asked
+    as a plain semaphore or with another total or per_key."""
+    state = ref.states.get(name)
+    limit, per_key = home[name] if state is None else (state.limit, state.per_key)
+    if rng.random() < 0.1:
+        limit = rng.choice([1, 2, 3])
+        per_key = rng.choice([None, None, 1, 2] if name in GROUPS else [None] * 5 + [1])
+    key = rng.choice(KEYS) if per_key is not None or rng.random() < 0.1 else None
+    return {"limit": limit, "key": key, "per_key": per_key}
+
+
+def _line(ref: Reference, now: float) -> dict[str, list[str]]:
+    """The live lines of the groups in the model."""
+    return {
+        n: [w.holder for w in s.waiters if w.expires_at > now]
+        for n, s in ref.states.items()
+        if s.per_key is not None
+    }
+
+
+def _skipped(ref: Reference, before: dict[str, list[str]]) -> bool:
+    """Whether a step granted a group's waiter while one ahead of it stayed in line."""
+    for name, line in before.items():
+        state = ref.states.get(name)
+        if state is None:
+            continue
+        granted = [i for i, h in enumerate(line) if h in state.holders]
+        waiting = {w.holder for w in state.waiters}
+        staying = [i for i, h in enumerate(line) if h in waiting]
+        if granted and staying and max(granted) > min(staying):
+            return True
+    return False
 
 
 def _callback(holder: str, n: int) -> str:
@@ -184,28 +233,31 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
     wait_ids: dict[str, int] = {}  # holder -> its waiting entry, as its last step told it
     expected: list[tuple[str, int, int, float, float]] = []  # what each wake-up must say
     seen: set[str] = set()  # the sequence must include refusals and changes of limit
-    usual = dict.fromkeys(NAMES, 1)
+    # Each name's usual shape (limit, per_key): groups have per_key 1-2 below a total of 2-3.
+    home: dict[str, tuple[int, int | None]] = dict.fromkeys(PLAIN, (1, None))
+    for group in GROUPS:
+        home[group] = rng.choice([(2, 1), (3, 1), (3, 2)])
     taken: list[tuple[str, int]] = []  # deliveries taken: (name, token)
     unordered: list[tuple[int, int]] = []  # ranges of expected wake-ups of one take
     try:
-        for step in range(250):
+        for step in range(500):
             clock[0] += GRID * rng.choice([0, 0, 1, 4, 16, 32, 64, 128])
             now = clock[0]
-            name, holder = rng.choice(NAMES), rng.choice(HOLDERS)
+            name = rng.choices(NAMES, [1] * len(PLAIN) + [3] * len(GROUPS))[0]
+            holder = rng.choice(GROUP_HOLDERS if name in GROUPS else HOLDERS)
+            ttls = GROUP_TTLS if name in GROUPS else TTLS
             op = rng.choices(
                 ["acquire", "set_limit", "release", "renew", "status", "names", "callback",
                  "take", "settle"],
-                [6, 1, 3, 2, 1, 1, 2, 2, 1],
+                [12 if name in GROUPS else 6, 1, 3, 2, 1, 1, 2, 2, 1],
             )[0]
             where = f"seed {seed} step {step}: {op} {name!r} {holder!r} at +{now - T0}"
+            lines = _line(ref, now)
             if op == "acquire":
-                # Mostly the limit the name was last given (a line forms, hand-overs
-                # happen), sometimes another (refused while the name is busy).
-                limit = usual[name] if rng.random() < 0.9 else rng.choice([1, 2, 3])
                 kw = {
-                    "limit": limit,
-                    "ttl": rng.choice(TTLS),
-                    "wait_ttl": rng.choice(TTLS),
+                    **_shape(rng, name, home, ref),
+                    "ttl": rng.choice(ttls),
+                    "wait_ttl": rng.choice(ttls),
                     "enqueue": rng.random() < 0.8,
                     **_ranking(rng),
                 }
@@ -213,10 +265,9 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                 want = _outcome(ref.acquire, now, name, holder, **kw)
                 got = _outcome(backend.acquire, name, holder, **kw)
                 assert got == want, where
-                if isinstance(got, str):  # a refused limit: nothing changed
-                    seen.add("refused")
+                if isinstance(got, str):  # a refused limit or shape: nothing changed
+                    seen.add("refused group" if "semaphore group" in got else "refused")
                     continue
-                usual[name] = limit  # the name's limit now (or the caller's, if it waits)
                 if got.grant is not None:
                     issued[(name, holder)] = got.grant.token
                     assert got.wait_id is None, where
@@ -227,11 +278,10 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                         wait_ids[f"{name}\0{holder}"] = got.wait_id
                 _expect(ref, before, name, wait_ids, expected)
             elif op == "callback":
-                limit = usual[name] if rng.random() < 0.9 else rng.choice([1, 2, 3])
                 kw = {
-                    "limit": limit,
-                    "ttl": rng.choice(TTLS),
-                    "wait_ttl": rng.choice(TTLS),
+                    **_shape(rng, name, home, ref),
+                    "ttl": rng.choice(ttls),
+                    "wait_ttl": rng.choice(ttls),
                     "callback": _callback(holder, rng.randrange(2)),
                     **_ranking(rng),
                 }
@@ -241,7 +291,6 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                 assert got == want, where
                 if isinstance(got, str):
                     continue
-                usual[name] = limit
                 if got.grant is not None:
                     issued[(name, holder)] = got.grant.token
                 _expect(ref, before, name, wait_ids, expected)
@@ -268,14 +317,19 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                 ) == ref.settle_delivery(now, name, token, outcome, retry_in), where
                 _expect(ref, before, name, wait_ids, expected)
             elif op == "set_limit":
-                limit = rng.choice([1, 2, 3])
+                limit = rng.choice([2, 3] if name in GROUPS else [1, 2, 3])
                 before = len(ref.woken)
                 previous = ref.set_limit(now, name, limit)
-                usual[name] = limit
+                home[name] = (limit, home[name][1])
                 assert backend.set_limit(name, limit) == previous, where
                 seen.add("changed" if previous not in (None, limit) else "unchanged")
                 _expect(ref, before, name, wait_ids, expected)
             elif op == "release":
+                state = ref.states.get(name)
+                if name in GROUPS and state is not None and state.holders and rng.random() < 0.7:
+                    # mostly a holder of the group: keys free up while others wait
+                    holder = rng.choice(sorted(state.holders))
+                    where = f"seed {seed} step {step}: {op} {name!r} {holder!r} at +{now - T0}"
                 token = rng.choice([None, issued.get((name, holder)), rng.randrange(1, 10**16)])
                 before = len(ref.woken)
                 assert backend.release(name, holder, token) == ref.release(
@@ -297,11 +351,13 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
                 joined = [w.joined_at for w in state.waiters]
                 if joined != sorted(joined):
                     seen.add("reordered")
+            if _skipped(ref, lines):
+                seen.add("skipped")
         # A scripted tail, so that every seed has hand-overs of both kinds, by a release and
         # by a raised limit (everything above has lapsed by then).
         clock[0] += 10.0
         now = clock[0]
-        name = NAMES[seed % len(NAMES)]
+        name = PLAIN[seed % len(PLAIN)]
         for holder in ("h1", "h2", "h3"):
             kw = {"limit": 1, "ttl": 3.0, "wait_ttl": 3.0, "enqueue": True}
             want = ref.acquire(now, name, holder, **kw)
@@ -334,6 +390,30 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
         assert backend.release(name, "h2", None) == ref.release(now, name, "h2", None) is True
         assert [w[1] for w in ref.woken[before:]] == ["h5"]
         _expect(ref, before, name, wait_ids, expected)
+        # And a group whose releases skip a waiter of a full key (per_key 1, total 3): h3
+        # waits for k1, h7 for the total; k1's holder stays, k2's leaves: h7 goes first.
+        # (Everything of the groups above has lapsed by then.)
+        clock[0] += max(GROUP_TTLS) + 1
+        now = clock[0]
+        name = GROUPS[seed % len(GROUPS)]
+        group = {"limit": 3, "per_key": 1, "ttl": 30.0, "wait_ttl": 30.0, "enqueue": True}
+        for holder, key in (("h1", "k1"), ("h2", "k2"), ("h3", "k1"), ("h4", "k3"), ("h7", "k2")):
+            want = ref.acquire(now, name, holder, key=key, **group)
+            got = backend.acquire(name, holder, key=key, **group)
+            assert got == want, f"seed {seed} group tail: acquire {holder}"
+            if got.wait_id is not None:
+                wait_ids[f"{name}\0{holder}"] = got.wait_id
+        assert [w.holder for w in backend.status(name).waiters] == ["h3", "h7"]
+        refused = _outcome(backend.acquire, name, "h5", key="k3", **{**group, "per_key": 2})
+        other = {**group, "per_key": 2}
+        assert refused == _outcome(ref.acquire, now, name, "h5", key="k3", **other)
+        assert isinstance(refused, str) and "per_key=1 total=3" in refused
+        before = len(ref.woken)
+        assert backend.release(name, "h2", None) == ref.release(now, name, "h2", None) is True
+        assert [w[1] for w in ref.woken[before:]] == ["h7"]
+        _expect(ref, before, name, wait_ids, expected)
+        assert backend.status(name) == ref.status(now, name)
+        assert [w.holder for w in backend.status(name).waiters] == ["h3"]
         # Every hand-over woke exactly its waiter, once, in commit order, with its grant.
         deadline = time.monotonic() + 10
         while len(heard) < len(expected) and time.monotonic() < deadline:
@@ -348,7 +428,9 @@ def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
             want_wakeups[a:b] = sorted(want_wakeups[a:b])
         assert got_wakeups == want_wakeups
         assert expected, "the sequence should include hand-overs"
-        assert seen == {"refused", "changed", "unchanged", "reordered"}, seen
+        assert seen == {
+            "refused", "changed", "unchanged", "reordered", "skipped", "refused group"
+        }, seen
         assert taken, "the sequence should include callback deliveries"
     finally:
         listen.close()
@@ -386,7 +468,7 @@ def _expect_any(
     expected: list[tuple[str, int, int, float, float]],
 ) -> None:
     """Like _expect, for a step over every name (the wake key names the name)."""
-    keys = {pg.wake_key(n, h): n for n in NAMES for h in HOLDERS}
+    keys = {pg.wake_key(n, h): n for n in NAMES for h in GROUP_HOLDERS}
     for key, holder, token, acquired_at, expires_at in ref.woken[before:]:
         seq = wait_ids[f"{keys[key]}\0{holder}"]
         expected.append((key, seq, token, acquired_at, expires_at))

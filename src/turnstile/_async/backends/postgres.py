@@ -122,19 +122,19 @@ class AsyncPostgresBackend:
         enqueue: bool,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         await self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()
         lead = ranking.lead(priority, ageing)
         try:
             row = await self._acquire_row(
-                name, holder, limit, ttl, wait_ttl, enqueue, channel, lead
+                name, holder, limit, ttl, wait_ttl, enqueue, channel, lead, key, per_key
             )
         except BackendUnavailable as exc:
-            current = pg.conflicting_limit(exc.__cause__)
-            if current is None:
-                raise
-            raise lock_machine.limit_conflict(name, current, limit) from None
+            _refuse(name, exc, limit, per_key)
+            raise
         granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row
         if granted:
             return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
@@ -150,6 +150,8 @@ class AsyncPostgresBackend:
         enqueue: bool,
         channel: str,
         lead: int,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> Any:
         return await self._run(
             self._q["acquire"],
@@ -164,6 +166,8 @@ class AsyncPostgresBackend:
                 "channel": channel,
                 "wake": pg.wake_key(name, holder) if channel else None,
                 "lead": lead,
+                "key": key,
+                "per_key": per_key,
             },
             "acquire",
         )
@@ -179,6 +183,8 @@ class AsyncPostgresBackend:
         callback: str,
         priority: int = 0,
         ageing: float | None = None,
+        key: str | None = None,
+        per_key: int | None = None,
     ) -> AcquireResult:
         try:
             row = await self._run(
@@ -192,14 +198,14 @@ class AsyncPostgresBackend:
                     "now": self._now(),
                     "callback": callback,
                     "lead": ranking.lead(priority, ageing),
+                    "key": key,
+                    "per_key": per_key,
                 },
                 "acquire",
             )
         except BackendUnavailable as exc:
-            current = pg.conflicting_limit(exc.__cause__)
-            if current is None:
-                raise
-            raise lock_machine.limit_conflict(name, current, limit) from None
+            _refuse(name, exc, limit, per_key)
+            raise
         granted, token, acquired_at, expires_at, position, now, retry_after = row
         if granted:
             return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
@@ -336,20 +342,28 @@ class AsyncPostgresBackend:
 
     async def status(self, name: str) -> Status:
         row = await self._run(self._q["status"], {"name": name, "now": self._now()}, "read status")
-        limit, now, holders, waiters, holder_callbacks, waiter_callbacks = row
+        (
+            limit, now, holders, waiters, holder_callbacks, waiter_callbacks, per_key,
+            holder_keys, waiter_keys,
+        ) = row
         # Callback kinds only: the callback's text (a credential) never leaves the database.
         return Status(
             name=name,
             limit=limit,
             holders=tuple(
-                HolderInfo(h, t, a, e, *_holder_callback(cb))
-                for (h, t, a, e), cb in zip(holders, holder_callbacks, strict=True)
+                HolderInfo(h, t, a, e, *_holder_callback(cb), k)
+                for (h, t, a, e), cb, k in zip(
+                    holders, holder_callbacks, holder_keys, strict=True
+                )
             ),
             waiters=tuple(
-                WaiterInfo(h, i, j, e, _kind(cb))
-                for i, ((h, j, e), cb) in enumerate(zip(waiters, waiter_callbacks, strict=True))
+                WaiterInfo(h, i, j, e, _kind(cb), k)
+                for i, ((h, j, e), cb, k) in enumerate(
+                    zip(waiters, waiter_callbacks, waiter_keys, strict=True)
+                )
             ),
             now=now,
+            per_key=per_key,
         )
 
     async def names(self, prefix: str, max_count: int) -> list[str]:
@@ -372,6 +386,17 @@ class AsyncPostgresBackend:
 
     async def close(self) -> None:
         await self.connection.close()
+
+
+def _refuse(name: str, exc: BackendUnavailable, limit: int, per_key: int | None) -> None:
+    """Raise the shape refusal lock_machine.acquire makes, if ``exc`` is acquire's (its
+    DETAIL is the busy name's limit and per_key); return otherwise."""
+    current = pg.conflicting_shape(exc.__cause__)
+    if current is None:
+        return
+    if current[1] != per_key:
+        raise lock_machine.group_conflict(name, current, (limit, per_key)) from None
+    raise lock_machine.limit_conflict(name, current[0], limit) from None
 
 
 def _kind(kind: str | None) -> str | None:

@@ -9,7 +9,7 @@ SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after
 FROM __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
                         %(ttl)s::float8, %(wait_ttl)s::float8, %(enqueue)s::boolean,
                         %(now)s::timestamptz, %(channel)s::text, %(wake)s::text,
-                        %(lead)s::bigint)
+                        %(lead)s::bigint, %(key)s::text, %(per_key)s::integer)
 
 -- name: release
 SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
@@ -24,7 +24,8 @@ FROM __SCHEMA__.renew(%(name)s::text, %(holder)s::text, %(token)s::bigint, %(ttl
 SELECT __SCHEMA__.set_limit(%(name)s::text, %(limit)s::integer, %(now)s::timestamptz)
 
 -- name: status
-SELECT lim, now, holders, waiters, holder_callbacks, waiter_callbacks
+SELECT lim, now, holders, waiters, holder_callbacks, waiter_callbacks, per_key, holder_keys,
+       waiter_keys
 FROM __SCHEMA__.status(%(name)s::text, %(now)s::timestamptz)
 
 -- name: names
@@ -37,7 +38,8 @@ SELECT name FROM __SCHEMA__.names_in_use(%(prefix)s::text, %(max_count)s::intege
 SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after
 FROM __SCHEMA__.acquire_callback(%(name)s::text, %(holder)s::text, %(limit)s::integer,
                                  %(ttl)s::float8, %(wait_ttl)s::float8,
-                                 %(now)s::timestamptz, %(callback)s::text, %(lead)s::bigint)
+                                 %(now)s::timestamptz, %(callback)s::text, %(lead)s::bigint,
+                                 %(key)s::text, %(per_key)s::integer)
 
 -- name: take_deliveries
 SELECT o_name, o_holder, o_token, o_acquired_at, o_expires_at, o_limit, o_callback,

@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 9): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 10): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0009) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0010) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -43,6 +43,14 @@
 -- (max(clock, newest stamp in line + 1), under the name's row lock), and lead = priority *
 -- level, computed by the client (ranking.lead) and passed as p_lead. A new waiting entry
 -- goes behind every entry of its rank or better; one asking again keeps its rank.
+--
+-- Semaphore groups (version 10): a name with per_key (NULL: a plain semaphore or lock) keeps
+-- at most per_key holders per key (holders.group_key, waiters.group_key) and lim in all;
+-- _promote grants, in line order, every waiter whose key has room while the total has room,
+-- skipping waiters whose key is full (no head-of-line blocking), and a newcomer whose key
+-- and the total have room is granted at once whoever waits. A busy name has one shape
+-- (lim, per_key): a newcomer naming another is refused (SQLSTATE TSL01, DETAIL "lim" or
+-- "lim per_key"). The plain path reads per_key with lim and runs none of the group's steps.
 
 -- == Tables ====================================================================================
 
@@ -66,7 +74,10 @@ CREATE TABLE __SCHEMA__.names (
     -- At least the newest arrival stamp (microseconds, _core/ranking.py) of the name's
     -- waiting entries: a joining entry whose clock is past it needs no look at the line to
     -- be stamped above every entry in it (when not, acquire reads the line's newest).
-    newest_stamp bigint NOT NULL DEFAULT 0
+    newest_stamp bigint NOT NULL DEFAULT 0,
+    -- A semaphore group (version 10): at most per_key holders per key (lim is then the
+    -- total), set with lim by the acquire that found the name idle; NULL: not a group.
+    per_key     integer
 ) WITH (fillfactor = 70);
 
 CREATE INDEX names_idle ON __SCHEMA__.names (idle_since) WHERE idle_since IS NOT NULL;
@@ -87,6 +98,7 @@ CREATE TABLE __SCHEMA__.holders (
     pending       boolean NOT NULL DEFAULT false,
     claimed_until timestamptz NOT NULL DEFAULT '-infinity',
     attempts      integer NOT NULL DEFAULT 0,
+    group_key     text COLLATE "C",  -- a semaphore group's: the key held (version 10)
     PRIMARY KEY (name_id, holder)
 ) WITH (fillfactor = 70);
 
@@ -108,6 +120,7 @@ CREATE TABLE __SCHEMA__.waiters (
     wake        text,  -- its wake key there (wake_key(name, holder))
     callback    text,  -- a callback waiter: its callback (see the top of this file)
     rank        bigint NOT NULL,  -- stamp - lead, in microseconds (_core/ranking.py)
+    group_key   text COLLATE "C",  -- a semaphore group's: the key waited for (version 10)
     UNIQUE (name_id, holder)
 );
 
@@ -254,9 +267,10 @@ $$;
 
 -- Lock the row of p_name, creating it (with limit p_limit) unless p_limit is NULL.
 -- o_id is NULL when the row does not exist and was not to be created. p_now: see acquire.
+-- o_per_key: the name's per_key (version 10).
 CREATE FUNCTION __SCHEMA__._lock_name(
     p_name text, p_limit integer, p_now timestamptz,
-    OUT o_id bigint, OUT o_lim integer, OUT o_last bigint)
+    OUT o_id bigint, OUT o_lim integer, OUT o_last bigint, OUT o_per_key integer)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -266,7 +280,7 @@ BEGIN
     -- A concurrent _forget_idle may delete the row between our INSERT ... DO NOTHING and
     -- the SELECT; then we go round again. Bounded, though twice is already rare.
     FOR attempt IN 1..50 LOOP
-        SELECT n.id, n.lim, n.last_token INTO o_id, o_lim, o_last
+        SELECT n.id, n.lim, n.last_token, n.per_key INTO o_id, o_lim, o_last, o_per_key
         FROM __SCHEMA__.names n WHERE n.key = v_key
         FOR UPDATE;
         IF FOUND OR p_limit IS NULL THEN
@@ -286,18 +300,90 @@ $$;
 
 -- lock_machine.promote, as in version 3, plus callback waiters: granted claimed for their
 -- full ttl with a pending delivery (claimed_until -infinity: nobody's claim), never woken;
--- the front of the line is the least (rank, seq) (version 9).
+-- the front of the line is the least (rank, seq) (version 9). With p_per_key (version 10), a
+-- semaphore group's promotion: every waiter in line order whose key has fewer than
+-- p_per_key holders, while the total has room; waiters of full keys are skipped.
 CREATE FUNCTION __SCHEMA__._promote(
     p_id bigint, p_name text, p_limit integer, p_now timestamptz, p_last bigint,
-    p_quiet text, p_holders integer DEFAULT NULL, OUT o_last bigint, OUT o_holders integer)
+    p_quiet text, p_holders integer DEFAULT NULL, p_per_key integer DEFAULT NULL,
+    OUT o_last bigint, OUT o_holders integer)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     w record;
+    g record;
     v_exp timestamptz;
+    v_keys text[];
+    v_counts integer[];
+    v_full text[];
+    v_i integer;
 BEGIN
     o_last := p_last;
     o_holders := p_holders;
+    IF p_per_key IS NOT NULL THEN
+        -- A semaphore group: the holders counted per key (p_holders is not enough), then
+        -- the line scanned in order, granting every waiter whose key has room while the
+        -- total has room and skipping those whose key is full. Keys full from the start
+        -- are left out of the scan; an expired entry met is dropped (as the plain loop
+        -- below drops those it meets at the front), so a scan that ends with no holder has
+        -- left no row in line.
+        SELECT coalesce(sum(c.n), 0)::integer, coalesce(array_agg(c.k), '{}'),
+               coalesce(array_agg(c.n), '{}'),
+               coalesce(array_agg(c.k) FILTER (WHERE c.n >= p_per_key), '{}')
+        INTO o_holders, v_keys, v_counts, v_full
+        FROM (SELECT h.group_key AS k, count(*)::integer AS n
+              FROM __SCHEMA__.holders h WHERE h.name_id = p_id
+              GROUP BY h.group_key) c;
+        IF o_holders >= p_limit THEN
+            RETURN;
+        END IF;
+        FOR g IN
+            SELECT f.seq, f.holder, f.ttl, f.wait_ttl, f.expires_at, f.channel, f.wake,
+                   f.callback, f.group_key
+            FROM __SCHEMA__.waiters f
+            WHERE f.name_id = p_id AND array_position(v_full, f.group_key) IS NULL
+            ORDER BY f.rank, f.seq
+        LOOP
+            IF g.expires_at <= p_now THEN
+                DELETE FROM __SCHEMA__.waiters d WHERE d.seq = g.seq;
+                CONTINUE;
+            END IF;
+            -- array_position compares with IS NOT DISTINCT FROM: a NULL key is a key.
+            v_i := array_position(v_keys, g.group_key);
+            IF v_i IS NULL THEN
+                v_keys := array_append(v_keys, g.group_key);
+                v_counts := array_append(v_counts, 0);
+                v_i := cardinality(v_keys);
+            END IF;
+            CONTINUE WHEN v_counts[v_i] >= p_per_key;  -- its key is full: the line goes on
+            v_counts[v_i] := v_counts[v_i] + 1;
+            DELETE FROM __SCHEMA__.waiters d WHERE d.seq = g.seq;
+            o_last := greatest(o_last + 1, floor(extract(epoch FROM p_now) * 1000000)::bigint);
+            o_holders := o_holders + 1;
+            IF g.callback IS NOT NULL THEN
+                INSERT INTO __SCHEMA__.holders
+                    (name_id, holder, token, acquired_at, expires_at, claimed, callback,
+                     pending, group_key)
+                VALUES (p_id, g.holder, o_last, p_now, p_now + g.ttl * interval '1 second',
+                        true, g.callback, true, g.group_key);
+            ELSE
+                v_exp := p_now + least(g.ttl, g.wait_ttl) * interval '1 second';
+                INSERT INTO __SCHEMA__.holders
+                    (name_id, holder, token, acquired_at, expires_at, claimed, group_key)
+                VALUES (p_id, g.holder, o_last, p_now, v_exp, false, g.group_key);
+                IF g.holder IS DISTINCT FROM p_quiet THEN
+                    IF g.channel IS NULL THEN
+                        PERFORM pg_notify(__CHANNEL__, __SCHEMA__.wake_key(p_name, g.holder));
+                    ELSIF g.channel <> '' THEN
+                        PERFORM pg_notify(g.channel, concat_ws(' ', g.wake, g.seq, o_last,
+                            extract(epoch FROM p_now), extract(epoch FROM v_exp)));
+                    END IF;
+                END IF;
+            END IF;
+            EXIT WHEN o_holders >= p_limit;
+        END LOOP;
+        RETURN;
+    END IF;
     IF o_holders IS NULL THEN
         SELECT count(*) INTO o_holders FROM __SCHEMA__.holders h WHERE h.name_id = p_id;
     END IF;
@@ -366,11 +452,16 @@ $$;
 -- 9): how far ahead of its arrival a new waiting entry ranks, in microseconds
 -- (ranking.lead(priority, ageing)); its default, 0, serves a client of the previous
 -- release, which calls with nine arguments (the nine-argument function is gone, so such a
--- call resolves here: there is no other candidate).
+-- call resolves here: there is no other candidate). p_key, p_per_key (version 10): a
+-- semaphore group's key and per-key limit (p_limit is then the total); a name has one shape
+-- (limit and per_key) while busy, and a newcomer naming another is refused with TSL01, whose
+-- DETAIL is then the name's limit followed by its per_key if it has one. Their defaults
+-- serve a client of the previous release (ten arguments; the ten-argument function is gone).
 CREATE FUNCTION __SCHEMA__.acquire(
     p_name text, p_holder text, p_limit integer, p_ttl double precision,
     p_wait_ttl double precision, p_enqueue boolean, p_now timestamptz, p_channel text,
-    p_wake text, p_lead bigint DEFAULT 0,
+    p_wake text, p_lead bigint DEFAULT 0, p_key text DEFAULT NULL,
+    p_per_key integer DEFAULT NULL,
     OUT granted boolean, OUT token bigint, OUT acquired_at double precision,
     OUT expires_at double precision, OUT queue_position integer, OUT now double precision,
     OUT retry_after double precision, OUT wait_id bigint)
@@ -395,21 +486,24 @@ DECLARE
     v_at bigint;
     v_stamp bigint;
     v_rank bigint;
+    v_per_key integer;
 BEGIN
     -- Fastest path, an idle name (idle_since set: no holders and nobody in line, which every
     -- step keeps true under the row lock): the row locked and the caller granted in one
     -- statement. The UPDATE waits for the row lock and checks idle_since again on the row as
     -- it is then; the clock is read after the lock (the token in SET, the times in RETURNING).
+    -- The name takes the caller's shape (limit, per_key).
     WITH g AS (
         UPDATE __SCHEMA__.names n
         SET last_token = greatest(n.last_token + 1, floor(extract(epoch FROM
                 coalesce(p_now, clock_timestamp())) * 1000000)::bigint),
-            lim = p_limit, idle_since = NULL
+            lim = p_limit, per_key = p_per_key, idle_since = NULL
         WHERE n.key = sha256(convert_to(p_name, 'UTF8')) AND n.idle_since IS NOT NULL
         RETURNING n.id, n.last_token, coalesce(p_now, clock_timestamp()) AS t)
     INSERT INTO __SCHEMA__.holders AS h
-        (name_id, holder, token, acquired_at, expires_at, claimed)
-    SELECT g.id, p_holder, g.last_token, g.t, g.t + p_ttl * interval '1 second', true FROM g
+        (name_id, holder, token, acquired_at, expires_at, claimed, group_key)
+    SELECT g.id, p_holder, g.last_token, g.t, g.t + p_ttl * interval '1 second', true, p_key
+    FROM g
     RETURNING h.token, h.acquired_at, h.expires_at INTO v_token, v_acq, v_exp;
     IF FOUND THEN
         granted := true;
@@ -420,13 +514,14 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT n.id, n.last_token, n.lim, n.newest_stamp INTO v_id, v_last, v_lim, v_newest
+    SELECT n.id, n.last_token, n.lim, n.newest_stamp, n.per_key
+    INTO v_id, v_last, v_lim, v_newest, v_per_key
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
     FOR UPDATE;
     IF NOT FOUND THEN
         -- a new name (or one being forgotten right now): create its row (v_newest stays
         -- NULL: unknown)
-        SELECT l.o_id, l.o_last, l.o_lim INTO v_id, v_last, v_lim
+        SELECT l.o_id, l.o_last, l.o_lim, l.o_per_key INTO v_id, v_last, v_lim, v_per_key
         FROM __SCHEMA__._lock_name(p_name, p_limit, p_now) l;
     END IF;
     v_now := coalesce(p_now, clock_timestamp());
@@ -445,28 +540,36 @@ BEGIN
            EXISTS (SELECT 1 FROM __SCHEMA__.holders h
                    WHERE h.name_id = v_id AND h.holder = p_holder)
     INTO v_live, v_mine FROM gone;
-    -- One limit per name (lock_machine.acquire): an idle name takes the caller's; on a busy
-    -- one a newcomer naming another limit is refused (the transaction is rolled back), and
-    -- whoever already holds or waits is served under the name's.
-    IF v_lim <> p_limit THEN
+    -- One shape per name (lock_machine.acquire): an idle name takes the caller's limit and
+    -- per_key; on a busy one a newcomer naming another limit or per_key is refused (the
+    -- transaction is rolled back; DETAIL: the name's limit, then its per_key if it has
+    -- one), and whoever already holds or waits is served under the name's.
+    IF v_lim <> p_limit OR v_per_key IS DISTINCT FROM p_per_key THEN
         DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
         IF v_live = 0
            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
             v_lim := p_limit;
+            v_per_key := p_per_key;
         ELSIF NOT EXISTS (SELECT 1 FROM __SCHEMA__.holders h
                           WHERE h.name_id = v_id AND h.holder = p_holder)
            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
                            WHERE w.name_id = v_id AND w.holder = p_holder) THEN
             RAISE EXCEPTION 'turnstile: the name has another limit' USING
-                ERRCODE = 'TSL01', DETAIL = v_lim::text;
+                ERRCODE = 'TSL01', DETAIL = concat_ws(' ', v_lim, v_per_key);
         END IF;
     END IF;
+    -- (In a group, the caller's key must have room too.)
     IF v_live < v_lim AND NOT v_mine
+       AND (v_per_key IS NULL
+            OR (SELECT count(*) FROM __SCHEMA__.holders h
+                WHERE h.name_id = v_id AND h.group_key IS NOT DISTINCT FROM p_key) < v_per_key)
        AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
         v_last := greatest(v_last + 1, floor(extract(epoch FROM v_now) * 1000000)::bigint);
-        INSERT INTO __SCHEMA__.holders (name_id, holder, token, acquired_at, expires_at, claimed)
-        VALUES (v_id, p_holder, v_last, v_now, v_now + p_ttl * interval '1 second', true);
-        UPDATE __SCHEMA__.names n SET last_token = v_last, lim = v_lim, idle_since = NULL
+        INSERT INTO __SCHEMA__.holders
+            (name_id, holder, token, acquired_at, expires_at, claimed, group_key)
+        VALUES (v_id, p_holder, v_last, v_now, v_now + p_ttl * interval '1 second', true, p_key);
+        UPDATE __SCHEMA__.names n
+        SET last_token = v_last, lim = v_lim, per_key = v_per_key, idle_since = NULL
         WHERE n.id = v_id;
         granted := true;
         token := v_last;
@@ -478,7 +581,7 @@ BEGIN
     DELETE FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at <= v_now;
     DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
     SELECT p.o_last, p.o_holders INTO v_last, v_holders
-    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, p_holder) p;
+    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, p_holder, NULL, v_per_key) p;
 
     SELECT h.token, h.acquired_at, h.expires_at, h.claimed
     INTO v_token, v_acq, v_exp, v_claimed
@@ -492,7 +595,7 @@ BEGIN
             WHERE h.name_id = v_id AND h.holder = p_holder;
         END IF;
     ELSE
-        -- keep our place
+        -- keep our place (and the key we joined with)
         UPDATE __SCHEMA__.waiters w
         SET ttl = p_ttl, wait_ttl = p_wait_ttl,
             expires_at = v_now + p_wait_ttl * interval '1 second',
@@ -500,17 +603,26 @@ BEGIN
         WHERE w.name_id = v_id AND w.holder = p_holder
         RETURNING w.seq, w.rank INTO v_seq, v_rank;
         IF NOT FOUND THEN
+            -- Room for us, ours at once, claimed: a free slot and an empty line (the
+            -- promotion above leaves a free slot only when the line is empty) or, in a
+            -- group, a free slot and room for our key (those in line wait for full keys:
+            -- the promotion above granted every waiter whose key has room).
             IF v_holders < v_lim
-               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
-                -- an empty line and a free slot: ours at once, claimed
+               AND (CASE WHEN v_per_key IS NULL
+                         THEN NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
+                                          WHERE w.name_id = v_id)
+                         ELSE (SELECT count(*) FROM __SCHEMA__.holders h
+                               WHERE h.name_id = v_id
+                                 AND h.group_key IS NOT DISTINCT FROM p_key) < v_per_key
+                    END) THEN
                 granted := true;
                 v_last := greatest(v_last + 1, floor(extract(epoch FROM v_now) * 1000000)::bigint);
                 v_token := v_last;
                 v_acq := v_now;
                 v_exp := v_now + p_ttl * interval '1 second';
                 INSERT INTO __SCHEMA__.holders
-                    (name_id, holder, token, acquired_at, expires_at, claimed)
-                VALUES (v_id, p_holder, v_token, v_acq, v_exp, true);
+                    (name_id, holder, token, acquired_at, expires_at, claimed, group_key)
+                VALUES (v_id, p_holder, v_token, v_acq, v_exp, true, p_key);
             ELSIF p_enqueue THEN
                 -- lock_machine.join: stamped above every entry in line (ranking.stamp; the
                 -- line is read only when the clock has not passed the name's newest_stamp),
@@ -526,11 +638,11 @@ BEGIN
                 END IF;
                 INSERT INTO __SCHEMA__.waiters AS w
                     (name_id, holder, ttl, wait_ttl, joined_at, expires_at, channel, wake,
-                     rank)
+                     rank, group_key)
                 VALUES (v_id, p_holder, p_ttl, p_wait_ttl,
                         v_now + (v_stamp - v_at) * interval '1 microsecond',
                         v_now + p_wait_ttl * interval '1 second', p_channel, p_wake,
-                        v_stamp - p_lead)
+                        v_stamp - p_lead, p_key)
                 RETURNING w.seq, w.rank INTO v_seq, v_rank;
             END IF;
         END IF;
@@ -555,11 +667,11 @@ BEGIN
     -- Never idle after an acquire: it holds, waits, or found the name busy. A new waiting
     -- entry's stamp raises newest_stamp.
     UPDATE __SCHEMA__.names n
-    SET last_token = v_last, lim = v_lim, idle_since = NULL,
+    SET last_token = v_last, lim = v_lim, per_key = v_per_key, idle_since = NULL,
         newest_stamp = greatest(n.newest_stamp, v_stamp)
     WHERE n.id = v_id
-      AND (n.last_token <> v_last OR n.lim <> v_lim OR n.idle_since IS NOT NULL
-           OR n.newest_stamp < v_stamp);
+      AND (n.last_token <> v_last OR n.lim <> v_lim OR n.per_key IS DISTINCT FROM v_per_key
+           OR n.idle_since IS NOT NULL OR n.newest_stamp < v_stamp);
 END
 $$;
 
@@ -601,9 +713,10 @@ DECLARE
     v_waiting integer := 0;
     v_holders integer;
     v_line boolean;
+    v_per_key integer;
 BEGIN
     -- A row deleted meanwhile by _forget_idle is skipped: the name is idle, nothing to do.
-    SELECT n.id, n.lim, n.last_token INTO v_id, v_lim, v_last
+    SELECT n.id, n.lim, n.last_token, n.per_key INTO v_id, v_lim, v_last, v_per_key
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
     FOR UPDATE;
     IF NOT FOUND THEN
@@ -652,8 +765,9 @@ BEGIN
         GET DIAGNOSTICS v_waiting = ROW_COUNT;
     END IF;
     SELECT p.o_last, p.o_holders INTO v_last, v_holders
-    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL, v_holders) p;
-    -- No holder after promoting means nobody waits either (the limit is at least 1): idle.
+    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL, v_holders, v_per_key) p;
+    -- No holder after promoting means nobody waits either (the limit is at least 1, and in
+    -- a group every key has room then): idle.
     UPDATE __SCHEMA__.names n
     SET last_token = v_last,
         idle_since = CASE WHEN v_holders = 0 THEN coalesce(n.idle_since, v_now) END
@@ -698,7 +812,8 @@ $$;
 
 -- lock_machine.set_limit: change a busy name's limit for the next grants; a raised limit
 -- grants (and wakes) waiters from the front at once, a lowered one revokes nothing. Returns
--- the limit replaced, or NULL when the name is idle (nothing changed).
+-- the limit replaced, or NULL when the name is idle (nothing changed). A group's total is
+-- its limit; its per_key stays.
 CREATE FUNCTION __SCHEMA__.set_limit(
     p_name text, p_limit integer, p_now timestamptz DEFAULT NULL)
 RETURNS integer
@@ -710,8 +825,9 @@ DECLARE
     v_lim integer;
     v_last bigint;
     v_now timestamptz;
+    v_per_key integer;
 BEGIN
-    SELECT l.o_id, l.o_lim, l.o_last INTO v_id, v_lim, v_last
+    SELECT l.o_id, l.o_lim, l.o_last, l.o_per_key INTO v_id, v_lim, v_last, v_per_key
     FROM __SCHEMA__._lock_name(p_name, NULL, p_now) l;
     IF v_id IS NULL THEN
         RETURN NULL;
@@ -725,7 +841,7 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT p.o_last INTO v_last
-    FROM __SCHEMA__._promote(v_id, p_name, p_limit, v_now, v_last, NULL) p;
+    FROM __SCHEMA__._promote(v_id, p_name, p_limit, v_now, v_last, NULL, NULL, v_per_key) p;
     PERFORM __SCHEMA__._settle(v_id, v_now, v_last, p_limit);
     RETURN v_lim;
 END
@@ -736,10 +852,12 @@ $$;
 -- the callback recorded: on the caller's waiting entry, or, if it holds, on its grant,
 -- whose delivery becomes pending unless it was already for this very callback (an ask
 -- repeated is harmless; a new callback gets the current grant delivered there). p_lead:
--- see acquire (version 9; its default serves a client of the previous release).
+-- see acquire (version 9; its default serves a client of the previous release); p_key,
+-- p_per_key: a semaphore group's (version 10), passed on to acquire.
 CREATE FUNCTION __SCHEMA__.acquire_callback(
     p_name text, p_holder text, p_limit integer, p_ttl double precision,
     p_wait_ttl double precision, p_now timestamptz, p_callback text, p_lead bigint DEFAULT 0,
+    p_key text DEFAULT NULL, p_per_key integer DEFAULT NULL,
     OUT granted boolean, OUT token bigint, OUT acquired_at double precision,
     OUT expires_at double precision, OUT queue_position integer, OUT now double precision,
     OUT retry_after double precision)
@@ -757,7 +875,7 @@ BEGIN
            a.retry_after
     INTO granted, token, acquired_at, expires_at, queue_position, now, retry_after
     FROM __SCHEMA__.acquire(p_name, p_holder, p_limit, p_ttl, p_wait_ttl, true, p_now,
-                            ''::text, NULL::text, p_lead) a;
+                            ''::text, NULL::text, p_lead, p_key, p_per_key) a;
     SELECT n.id INTO v_id
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'));
     IF granted THEN
@@ -777,10 +895,14 @@ $$;
 -- what expired (an undelivered grant with it), grant what that freed (callback waiters
 -- with a pending delivery, others woken), claim up to p_max pending deliveries whose claim
 -- is free for p_lease seconds, oldest grant first. Nothing at all unless the name has
--- callbacks (a callback waiter or a pending delivery) and something is due.
+-- callbacks (a callback waiter or a pending delivery) and something is due. p_per_key: the
+-- name's (version 10), for the promotion. (lock_machine.due also counts a waiter that could
+-- be granted with nothing expired: a refused acquire's purge in the model. Here a refused
+-- acquire is rolled back whole and every other step promotes, so no such state is ever
+-- committed.)
 CREATE FUNCTION __SCHEMA__._take_name(
     p_id bigint, p_name text, p_lim integer, p_last bigint, p_lease double precision,
-    p_max integer, p_now timestamptz)
+    p_max integer, p_now timestamptz, p_per_key integer)
 RETURNS TABLE (o_holder text, o_token bigint, o_acquired_at double precision,
                o_expires_at double precision, o_callback text, o_attempts integer)
 LANGUAGE plpgsql
@@ -804,7 +926,7 @@ BEGIN
     DELETE FROM __SCHEMA__.holders h WHERE h.name_id = p_id AND h.expires_at <= p_now;
     DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = p_id AND w.expires_at <= p_now;
     SELECT p.o_last INTO v_last
-    FROM __SCHEMA__._promote(p_id, p_name, p_lim, p_now, p_last, NULL) p;
+    FROM __SCHEMA__._promote(p_id, p_name, p_lim, p_now, p_last, NULL, NULL, p_per_key) p;
     PERFORM __SCHEMA__._settle(p_id, p_now, v_last, p_lim);
     IF p_max <= 0 THEN
         RETURN;
@@ -873,14 +995,14 @@ BEGIN
         ORDER BY 3 DESC, d.first NULLS LAST
     LOOP
         CONTINUE WHEN NOT c.expired AND (c.first IS NULL OR v_taken >= p_max);
-        SELECT k.id, k.name, k.lim, k.last_token INTO n
+        SELECT k.id, k.name, k.lim, k.last_token, k.per_key INTO n
         FROM __SCHEMA__.names k WHERE k.id = c.name_id
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         v_now := coalesce(p_now, clock_timestamp());  -- read after the lock, as everywhere
         FOR t IN
             SELECT * FROM __SCHEMA__._take_name(n.id, n.name, n.lim, n.last_token, p_lease,
-                                                p_max - v_taken, v_now)
+                                                p_max - v_taken, v_now, n.per_key)
         LOOP
             v_taken := v_taken + 1;
             o_name := n.name;
@@ -914,12 +1036,13 @@ DECLARE
     v_last bigint;
     v_now timestamptz;
     v_count integer;
+    v_per_key integer;
 BEGIN
     IF p_outcome NOT IN ('delivered', 'refused', 'retry') THEN
         RAISE EXCEPTION 'turnstile: unknown delivery outcome %', p_outcome
             USING ERRCODE = '22023';
     END IF;
-    SELECT n.id, n.lim, n.last_token INTO v_id, v_lim, v_last
+    SELECT n.id, n.lim, n.last_token, n.per_key INTO v_id, v_lim, v_last, v_per_key
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'))
     FOR UPDATE;
     IF NOT FOUND THEN
@@ -941,7 +1064,7 @@ BEGIN
     END IF;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     SELECT p.o_last INTO v_last
-    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL) p;
+    FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL, NULL, v_per_key) p;
     PERFORM __SCHEMA__._settle(v_id, v_now, v_last, v_lim);
     RETURN v_count > 0;
 END
@@ -960,17 +1083,21 @@ $$;
 -- lock_machine.status, as in version 1, plus the callbacks' kinds (never their text, a
 -- credential): holder_callbacks has one entry per entry of holders, in the same order,
 -- NULL or [kind, pending]; waiter_callbacks likewise NULL or the kind. The line in order of
--- (rank, seq) (version 9).
+-- (rank, seq) (version 9). A semaphore group's per_key, and each holder's and waiter's key
+-- (holder_keys, waiter_keys: one entry per entry of holders, waiters; NULL when plain)
+-- (version 10).
 CREATE FUNCTION __SCHEMA__.status(
     p_name text, p_now timestamptz DEFAULT NULL,
     OUT lim integer, OUT now double precision, OUT holders json, OUT waiters json,
-    OUT holder_callbacks json, OUT waiter_callbacks json)
+    OUT holder_callbacks json, OUT waiter_callbacks json, OUT per_key integer,
+    OUT holder_keys json, OUT waiter_keys json)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_id bigint;
     v_lim integer;
+    v_per_key integer;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
     now := extract(epoch FROM v_now);
@@ -978,7 +1105,9 @@ BEGIN
     waiters := '[]';
     holder_callbacks := '[]';
     waiter_callbacks := '[]';
-    SELECT n.id, n.lim INTO v_id, v_lim
+    holder_keys := '[]';
+    waiter_keys := '[]';
+    SELECT n.id, n.lim, n.per_key INTO v_id, v_lim, v_per_key
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'));
     IF NOT FOUND THEN
         RETURN;
@@ -986,6 +1115,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM __SCHEMA__.holders h WHERE h.name_id = v_id)
        OR EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
         lim := v_lim;
+        per_key := v_per_key;
     END IF;
     SELECT coalesce(json_agg(json_build_array(h.holder, h.token, extract(epoch FROM h.acquired_at),
                                               extract(epoch FROM h.expires_at))
@@ -993,15 +1123,17 @@ BEGIN
            coalesce(json_agg(CASE WHEN h.callback IS NOT NULL THEN
                                  json_build_array(__SCHEMA__._callback_kind(h.callback),
                                                   h.pending) END
-                             ORDER BY h.token), '[]')
-    INTO holders, holder_callbacks
+                             ORDER BY h.token), '[]'),
+           coalesce(json_agg(h.group_key ORDER BY h.token), '[]')
+    INTO holders, holder_callbacks, holder_keys
     FROM __SCHEMA__.holders h WHERE h.name_id = v_id AND h.expires_at > v_now;
     SELECT coalesce(json_agg(json_build_array(w.holder, extract(epoch FROM w.joined_at),
                                               extract(epoch FROM w.expires_at))
                              ORDER BY w.rank, w.seq), '[]'),
            coalesce(json_agg(__SCHEMA__._callback_kind(w.callback) ORDER BY w.rank, w.seq),
-                    '[]')
-    INTO waiters, waiter_callbacks
+                    '[]'),
+           coalesce(json_agg(w.group_key ORDER BY w.rank, w.seq), '[]')
+    INTO waiters, waiter_callbacks, waiter_keys
     FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at > v_now;
 END
 $$;

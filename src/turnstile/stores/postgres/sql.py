@@ -416,20 +416,26 @@ def is_connection_error(exc: BaseException) -> bool:
     return state is None or state.startswith(("08", "57P"))
 
 
-# SQLSTATE of acquire's refusal of a newcomer naming another limit than a busy name's; its
-# DETAIL is the name's limit (see migrations/0005_one_limit_per_name.sql).
+# SQLSTATE of acquire's refusal of a newcomer naming another limit (or per_key) than a busy
+# name's; its DETAIL is the name's limit (see migrations/0005_one_limit_per_name.sql), then a
+# space and its per_key when the name is a semaphore group (migrations/0010_groups.sql).
 LIMIT_CONFLICT = "TSL01"
 
 
-def conflicting_limit(exc: BaseException | None) -> int | None:
-    """The name's limit if ``exc`` is acquire's limit refusal, else ``None``."""
+def conflicting_shape(exc: BaseException | None) -> tuple[int, int | None] | None:
+    """The name's (limit, per_key) if ``exc`` is acquire's refusal, else ``None``."""
     if getattr(exc, "sqlstate", None) != LIMIT_CONFLICT:
         return None
     detail = getattr(getattr(exc, "diag", None), "message_detail", None)
     try:
-        return int(detail or "")
+        words = [int(word) for word in (detail or "").split()]
     except ValueError:
         return None
+    if len(words) == 1:
+        return words[0], None
+    if len(words) == 2:
+        return words[0], words[1]
+    return None
 
 
 # SQLSTATE of rate_acquire's refusal of a caller naming another rate than a busy rate
