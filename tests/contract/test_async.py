@@ -267,3 +267,37 @@ async def test_acquire_is_a_coroutine_for_tasks_and_wait_for(aclient: AsyncClien
     assert st.waiters == ()  # the cancelled acquire left the line
     assert [h.token for h in st.holders] == [lease.token]
     await lease.release()
+
+
+async def test_async_groups_priorities_and_start_rates(aclient: AsyncClient) -> None:
+    """Admission beyond a plain limit through ``turnstile.aio``: a group's key in ``async
+    with``, a busy key not holding up another, priorities in a line, a semaphore's start
+    rate."""
+    group = aclient.semaphore_group("aio:group", per_key=1, total=2, ttl=LONG_TTL)
+    assert isinstance(group, turnstile.aio.SemaphoreGroup)
+    async with group.acquire("a", timeout=5) as lease:
+        assert not (await group.try_acquire("a", "a2", wait_ttl=LONG_TTL)).acquired
+        assert (await group.try_acquire("b", "b1", wait_ttl=LONG_TTL)).acquired
+        status = await group.status()
+        assert {(h.holder, h.key) for h in status.holders} == {(lease.holder, "a"), ("b1", "b")}
+    lock = aclient.lock("aio:priority", ttl=LONG_TTL)
+    held = await lock.acquire(timeout=5, holder="held")
+    await lock.try_acquire("low", wait_ttl=LONG_TTL)
+    waiter = asyncio.ensure_future(lock.acquire(timeout=30, holder="high", priority=5))
+    await _wait_until(lambda: _line(lock), 30, "both in line")
+    assert [w.holder for w in (await lock.status()).waiters] == ["high", "low"]
+    await held.release()
+    high = await waiter
+    assert high.holder == "high"
+    await high.release()
+    rated = aclient.semaphore("aio:rated", 2, ttl=LONG_TTL, rate=1, per=0.3)
+    first = await rated.acquire(timeout=5)
+    second = await rated.acquire(timeout=10)
+    assert first.started_at is not None and second.started_at is not None
+    assert second.started_at - first.started_at >= 0.3 - 1e-6
+    await first.release()
+    await second.release()
+
+
+async def _line(lock: Any) -> bool:
+    return len((await lock.status()).waiters) == 2
