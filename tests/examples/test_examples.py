@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import secrets
 import subprocess
@@ -263,3 +264,37 @@ def test_lambda_handler_serializes_per_order_and_gives_up_in_time(
         assert 1.9 <= took < 3.0
     finally:
         module.CLIENT.close()
+
+
+# -- admission: tenants on a shared database, e-mails under a quota --------------------------
+
+
+def test_tenant_jobs_keep_the_per_tenant_cap_the_total_and_the_quota(store: str) -> None:
+    from turnstile._core.rate_machine import max_in_window
+
+    script = EXAMPLES / "admission" / "tenant_jobs.py"
+    plan = [("tenant-a", 12, False), ("tenant-a", 12, False), ("tenant-b", 4, False),
+            ("tenant-c", 4, True)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), tenant, str(jobs), *(["--urgent"] if urgent else [])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for tenant, jobs, urgent in plan
+    ]
+    lines = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=150)
+        assert proc.returncode == 0, err
+        lines += [json.loads(line) for line in out.splitlines()]
+    assert len(lines) == 12 + 12 + 4 + 4
+    example = load("admission/tenant_jobs.py")
+    assert overlaps([(x["began"], x["ended"]) for x in lines]) <= example.TOTAL
+    for tenant in ("tenant-a", "tenant-b", "tenant-c"):
+        mine = [(x["began"], x["ended"]) for x in lines if x["tenant"] == tenant]
+        assert overlaps(mine) <= example.PER_TENANT
+    tokens = [x["token"] for x in lines]
+    assert len(set(tokens)) == len(tokens)
+    sent = [x["sent_at"] for x in lines]
+    assert max_in_window(sent, 1.0) <= example.RATE + example.BURST
+    assert max_in_window(sent, 1e-9) <= example.BURST
