@@ -412,7 +412,7 @@ BAD_ARGUMENTS = [
     (["--lock", "x", "--holder", "h" * 1025], ["--holder", "1 to 1024 bytes"]),
     (["--lock", "x", "--timeout-exit-code", "256"], ["--timeout-exit-code", "0 and 255"]),
     (["--lock", "x", "--lock", "y", "--semaphore", "z"], ["--semaphore", "not allowed with"]),
-    ([], ["one of the arguments --lock --semaphore --rate-limit is required"]),
+    ([], ["one of the arguments --lock --semaphore --group --rate-limit is required"]),
 ]
 
 
