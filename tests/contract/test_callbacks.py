@@ -254,6 +254,8 @@ class Receiver:
         self.received: list[dict[str, Any]] = []
         self.bad_signatures = 0
         self.answer: dict[str, int] = {}  # holder -> status to answer (default 200)
+        # Called with each lease before it is answered (in the server's thread).
+        self.before_answer: Any = None
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -265,6 +267,8 @@ class Receiver:
                     self.end_headers()
                     return
                 lease = json.loads(body)
+                if receiver.before_answer is not None:
+                    receiver.before_answer(lease)
                 status = receiver.answer.get(lease["holder"], 200)
                 if status == 200:
                     receiver.received.append(lease)
@@ -290,6 +294,31 @@ def receiver() -> Iterator[Receiver]:
         yield r
     finally:
         r.close()
+
+
+async def test_a_delivery_released_before_it_is_settled_still_counts_as_delivered(
+    aclient: turnstile.aio.AsyncClient, receiver: Receiver
+) -> None:
+    """The target accepted it: its holder releasing the grant before the deliverer marks it
+    done (a fast workflow step) is not a lost delivery."""
+    if not aclient.characteristics.local_deliveries:
+        pytest.skip("the HTTP service delivers its own callbacks (tests/server)")
+    sem = aclient.semaphore("cb:fast", 1, ttl=LONG)
+    loop = asyncio.get_running_loop()
+
+    def release_first(lease: dict[str, Any]) -> None:
+        asyncio.run_coroutine_threadsafe(
+            sem.release(lease["holder"], lease["token"]), loop
+        ).result(timeout=30)
+
+    receiver.before_answer = release_first
+    async with Deliverer(aclient.backend, secret=SECRET, interval=0.02) as deliverer:
+        await sem.try_acquire("quick", callback=HttpCallback(receiver.url))
+        await asyncio.to_thread(
+            wait_until, lambda: deliverer.stats.delivered == 1, 20, 0.01, "counted"
+        )
+        assert deliverer.stats.lost == 0
+    assert (await sem.status()).holders == ()
 
 
 async def test_the_deliverer_posts_signed_leases_in_line_order(

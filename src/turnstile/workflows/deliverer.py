@@ -77,7 +77,10 @@ class DeliveryStats:
     delivered: int = 0
     refused: int = 0
     retried: int = 0
-    lost: int = 0  # settled by nobody: the grant expired or was released meanwhile
+    # Not delivered and settled by nobody: the grant expired or was released meanwhile
+    # (a delivery the target accepted counts as delivered, even if its holder released the
+    # grant before the deliverer could mark it done).
+    lost: int = 0
     rounds: int = 0
     latencies: list[float] = field(default_factory=list)  # grant -> delivered, seconds
 
@@ -356,7 +359,7 @@ class Deliverer:
         self._count(delivery, outcome, settled)
 
     def _count(self, delivery: CallbackDelivery, outcome: Outcome, settled: bool) -> None:
-        if not settled:
+        if not settled and outcome.result != DELIVERED:
             self.stats.lost += 1
             return
         if outcome.result == DELIVERED:
