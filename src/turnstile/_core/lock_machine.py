@@ -219,18 +219,6 @@ def promote(
     return woken
 
 
-def join(state: NameState, row: WaiterRow, now: float, lead: int) -> None:
-    """Put a new waiting entry in line by rank (_core/ranking.py): behind every waiter of
-    its rank or better, ahead of the rest. Sets its ``joined_at`` to its stamp."""
-    newest = max((ranking.stamp_of(w.joined_at) for w in state.waiters), default=None)
-    at = ranking.stamp(now, newest)
-    row.joined_at, row.rank = at / 1_000_000, at - lead
-    index = len(state.waiters)
-    while index > 0 and state.waiters[index - 1].rank > row.rank:
-        index -= 1
-    state.waiters.insert(index, row)
-
-
 def retry_after(state: NameState, now: float) -> float | None:
     if not state.holders:
         return None
@@ -310,8 +298,8 @@ def acquire(
     elif enqueue or state.has_room(key):
         # (Without joining, only a free slot: promote above left none that a waiter could
         # take, so room for this key is room nobody in line can use.)
-        join(
-            state,
+        ranking.join(
+            state.waiters,
             WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl, callback, key=key),
             now,
             ranking.lead(priority, ageing),

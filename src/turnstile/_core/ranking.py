@@ -25,6 +25,7 @@ its own caller's value.
 from __future__ import annotations
 
 import math
+from typing import Protocol, TypeVar
 
 STRICT_LEVEL_US = 1 << 42
 
@@ -44,3 +45,27 @@ def stamp(now: float, newest: int | None) -> int:
 def stamp_of(joined_at: float) -> int:
     """The stamp a waiter's ``joined_at`` (``stamp / 1e6``) was made from."""
     return round(joined_at * 1_000_000)
+
+
+class Ranked(Protocol):
+    """A waiting entry of any line: its arrival (``stamp / 1e6``) and its rank."""
+
+    joined_at: float
+    rank: int
+
+
+R = TypeVar("R", bound=Ranked)
+
+
+def join(line: list[R], row: R, now: float, lead: int) -> int:
+    """Put a new waiting entry in ``line`` by rank: behind every waiter of its rank or
+    better, ahead of the rest. Sets its ``joined_at`` (its stamp) and ``rank``; returns its
+    position."""
+    newest = max((stamp_of(w.joined_at) for w in line), default=None)
+    at = stamp(now, newest)
+    row.joined_at, row.rank = at / 1_000_000, at - lead
+    index = len(line)
+    while index > 0 and line[index - 1].rank > row.rank:
+        index -= 1
+    line.insert(index, row)
+    return index

@@ -146,13 +146,9 @@ def acquire(
             return RateResult(
                 False, None, now, slot(state, len(state.waiters), now) - now, state.tat
             )
-        newest = max((ranking.stamp_of(w.joined_at) for w in state.waiters), default=None)
-        at = ranking.stamp(now, newest)
-        row = RateWaiter(holder, at / 1_000_000, 0.0, at - ranking.lead(priority, ageing))
-        index = len(state.waiters)
-        while index > 0 and state.waiters[index - 1].rank > row.rank:
-            index -= 1
-        state.waiters.insert(index, row)
+        index = ranking.join(
+            state.waiters, RateWaiter(holder, now, 0.0), now, ranking.lead(priority, ageing)
+        )
         if index == 0 and conforms:  # it ranks ahead of everyone and its slot has come
             del state.waiters[0]
             _admit(state, now)

@@ -401,7 +401,7 @@ local function promote(limit, claimant)
   return free - #front, granted
 end
 
--- lock_machine.join: put a new waiting entry in line by rank = stamp - lead, where the
+-- ranking.join: put a new waiting entry in line by rank = stamp - lead, where the
 -- stamp is its arrival on the server clock, strictly increasing per name (max(NOW, the
 -- newest stamp + 1)) and lead = priority x level (ARGV, from ranking.lead). It goes behind
 -- every waiter of its rank or better, ahead of the rest. A sorted set orders equal scores by
