@@ -19,6 +19,7 @@ from redis.crc import key_slot
 
 import turnstile
 import turnstile.aio
+from turnstile._core import timing
 from turnstile.stores.redis import keys as redis_keys
 
 from ._tools import RedisProcess, free_port, redis_process
@@ -291,60 +292,86 @@ async def test_async_handover_wakes_the_next_waiter(where: str, server: RedisPro
             admin.close()
 
 
-def test_woken_waiter_claims_without_another_round_trip(server: RedisProcess) -> None:
-    """The claiming acquire step rides behind the BLPOP: a hand-over costs the release
-    script and that one step, and the waiter's lease deadline is conservative."""
-    client = turnstile.connect(server.url + "?prefix=tt-pipe:")
-    waiter_client = turnstile.connect(server.url + "?prefix=tt-pipe:")
+def test_woken_waiter_holds_the_grant_its_wake_up_carried(server: RedisProcess) -> None:
+    """The wake-up carries the grant: a hand-over costs the release script and the BLPOP,
+    nothing more; the waiter's lease deadline is conservative; a renewal later claims the
+    short unclaimed lease for the full ttl."""
+    client = turnstile.connect(server.url + "?prefix=tt-handed:")
+    waiter_client = turnstile.connect(server.url + "?prefix=tt-handed:")
     try:
-        lock = client.lock("job", ttl=5)
+        lock = client.lock("job", ttl=30)
         holder = lock.acquire(timeout=1)
         lock.release("nobody", 1)  # load the release script before counting
         got: dict[str, object] = {}
 
         def wait() -> None:
-            got["lease"] = waiter_client.lock("job", ttl=5).acquire(timeout=10)
+            got["lease"] = waiter_client.lock("job", ttl=30).acquire(timeout=10)
 
         thread = threading.Thread(target=wait)
         thread.start()
         deadline = time.monotonic() + 10
         while not lock.status().waiters and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.4)  # the waiter blocks a while before the hand-over
+        time.sleep(0.2)  # the waiter blocks a while before the hand-over
         before = server.commandstats()
         holder.release()
         thread.join(10)
         after = server.commandstats()
         lease = got["lease"]
         assert isinstance(lease, turnstile.Lease)
-        assert after["evalsha"] - before["evalsha"] == 2  # release + the pipelined claim
+        assert after["evalsha"] - before["evalsha"] == 1  # the release only
         status = lock.status()
         assert [h.token for h in status.holders] == [lease.token]
         left_on_store = status.holders[0].expires_at - status.now
-        # Counted from when the BLPOP was sent, at least 0.4 s before the claim ran.
-        assert lease.remaining <= left_on_store - 0.3
-        assert lease.remaining > 3.0
-        assert not waiter_client.backend._prefetched
-        lease.release()
+        # Unclaimed: min(ttl, wait_ttl) on the store, counted locally from before the step
+        # that put the waiter in line.
+        wait_ttl = timing.blocking_wait_ttl(30)
+        assert left_on_store <= wait_ttl
+        assert lease.remaining <= left_on_store + 0.05
+        # A third of the way into the short lease the renewer claims it for the full ttl.
+        claimed_by = time.monotonic() + wait_ttl
+        while time.monotonic() < claimed_by:
+            holders = lock.status().holders
+            if holders and holders[0].expires_at - lock.status().now > wait_ttl + 1:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the handed grant was never claimed")
+        assert lease.remaining > wait_ttl + 1
+        assert lease.release() is True
     finally:
         client.close()
         waiter_client.close()
 
 
-def test_an_answer_nobody_took_is_never_reused(server: RedisProcess) -> None:
+def test_a_wake_up_for_another_entry_is_not_taken_as_a_grant(server: RedisProcess) -> None:
+    """A wake-up names the waiting entry its grant was made for: a waiter asking for another
+    entry (or a bare wake-up from a client of an earlier release) gets no grant from it and
+    looks with a step instead."""
     client = turnstile.connect(server.url + "?prefix=tt-stale:")
     try:
         backend = client.backend
         holder = client.lock("job", ttl=5).acquire(timeout=1)
         step = backend.acquire("job", "w", limit=1, ttl=5, wait_ttl=2, enqueue=True)
-        assert step.grant is None and step.position == 0
+        assert step.grant is None and step.position == 0 and step.wait_id is not None
         waiter = backend.open_waiter("job", "w")
         holder.release()  # hands over to "w"
         assert waiter.wait(2) is True
-        assert ("job", "w") in backend._prefetched  # the claim rode behind the BLPOP
-        waiter.close()  # the caller left without asking: the answer is dropped
-        assert not backend._prefetched
-        assert backend.release("job", "w", None) is True
+        assert waiter.handed(step.wait_id + 1) is None
+        assert waiter.handed(step.wait_id) is None  # taken once, even by a mismatch
+        waiter.close()
+        # The grant is on the store all the same: a step finds and claims it.
+        claimed = backend.acquire("job", "w", limit=1, ttl=5, wait_ttl=2, enqueue=True)
+        assert claimed.grant is not None
+        assert backend.release("job", "w", claimed.grant.token) is True
+        # A bare wake-up (an earlier release's) carries nothing.
+        base = backend._keys.get("job")[0]
+        with server.admin() as admin:
+            admin.rpush(redis_keys.signal_key(base, "w2"), "1")
+        bare = backend.open_waiter("job", "w2")
+        assert bare.wait(1) is True
+        assert bare.handed(0) is None
+        bare.close()
         assert client.lock("job").status().holders == ()
     finally:
         client.close()

@@ -93,23 +93,16 @@ class AsyncRedisWaiter:
     announces lapses), so the acquire step made before this waiter was opened needs no
     repeating (``Characteristics.keeps_early_wakeups``).
 
-    The acquire step that follows every wait is sent right behind the BLPOP, on the same
-    connection: Redis runs it the moment the BLPOP returns, so a woken waiter gets its grant
-    claimed without another round trip; the backend hands that answer to the caller's next
-    ``acquire`` (see ``AsyncRedisBackend.acquire``)."""
+    The wake-up carries the grant (``wake()`` in ``lua/lock/_lib.lua``): the woken waiter
+    holds it without another step (:meth:`handed`), and a renewal claims it for the full
+    ttl later, off the hand-over's path."""
 
-    def __init__(
-        self,
-        backend: AsyncRedisBackend,
-        name: str,
-        holder: str,
-        step: tuple[int | str, ...] | None,
-    ) -> None:
+    def __init__(self, backend: AsyncRedisBackend, name: str, holder: str) -> None:
         self._backend = backend
         self._name = name
         self._holder = holder
         self._key = keys.signal_key(backend._keys.get(name)[0], holder)
-        self._step = step  # the args of the caller's acquire step, if known
+        self._handed: tuple[int, Grant] | None = None
 
     async def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -120,17 +113,13 @@ class AsyncRedisWaiter:
             # Redis reads the timeout in milliseconds and 0 means forever: round up.
             block = max(0.001, min(left, MAX_BLOCK))
             block = int(block * 1000 + 0.999) / 1000
-            if self._step is None:  # the caller's step may come after open_waiter
-                self._step = self._backend._waiting_steps.pop((self._name, self._holder), None)
             cancels = _compat.cancel_count()
             try:
                 client = self._backend.connection.blocking_client(self._key)
-                if self._step is None:
-                    popped = await client.blpop([self._key], timeout=block)
-                else:
-                    popped = await self._pop_and_step(client, block)
+                popped = await client.blpop([self._key], timeout=block)
                 _compat.raise_if_cancelled_since(cancels)
                 if popped is not None:
+                    self._handed = replies.handed_grant(self._name, self._holder, popped[1])
                     return True
             except DRIVER_ERRORS as exc:
                 _compat.raise_if_cancelled_since(cancels)
@@ -155,37 +144,17 @@ class AsyncRedisWaiter:
             except DRIVER_ERRORS:
                 pause = min(pause * 2, 0.1)
 
-    async def _pop_and_step(self, client: Any, block: float) -> Any:
-        assert self._step is not None
-        backend = self._backend
-        base, name_keys = backend._keys.get(self._name)
-        popped, step, sent = await backend.connection.blpop_then_run(
-            client,
-            self._key,
-            block,
-            backend._scripts["acquire"],
-            name_keys,
-            [base, self._name, self._holder, *self._step],
-        )
-        if isinstance(step, list):
-            score = replies.notify_score(step)
-            if score is not None:
-                await backend._notify(self._name, [score])
-            backend._prefetched[(self._name, self._holder)] = (
-                self._step,
-                step,
-                sent,
-                time.monotonic(),
-            )
-        return popped
-
     def handed(self, wait_id: int) -> Grant | None:
-        return None  # the list carries a bare wake-up; the next acquire step claims the grant
+        """The grant the last wake-up carried, if it was made for the waiting entry
+        ``wait_id`` (one made for an earlier entry of this holder is left to a step, which
+        finds whatever the holder has now)."""
+        handed, self._handed = self._handed, None
+        if handed is None or handed[0] != wait_id:
+            return None
+        return handed[1]
 
     async def close(self) -> None:
-        # An answer nobody asked for (the caller left on an error) must never be handed to a
-        # later acquire of the same holder.
-        self._backend._prefetched.pop((self._name, self._holder), None)
+        self._handed = None
 
 
 class AsyncRedisBackend:
@@ -206,14 +175,6 @@ class AsyncRedisBackend:
         self._rate_scripts = scripts.load("rate")
         self._keys = keys.KeyCache(config.prefix)
         self._index_keys = keys.callback_index_keys(config.prefix)
-        # The args of the last acquire step of each (name, holder) that left it waiting, for
-        # the waiter opened next (bounded: try_acquire callers never open one).
-        self._waiting_steps: dict[tuple[str, str], tuple[int | str, ...]] = {}
-        # Answers of acquire steps a waiter sent behind its BLPOP: (args, reply, local send
-        # and receive times), taken by the next matching acquire.
-        self._prefetched: dict[
-            tuple[str, str], tuple[tuple[int | str, ...], Any, float, float]
-        ] = {}
 
     def queues(self) -> AsyncRedisQueueBackend:
         """The queue operations on this server (see ``redis_queue.py``)."""
@@ -272,31 +233,10 @@ class AsyncRedisBackend:
             ranking.lead(priority, ageing),
             *_group_args(key, per_key),
         )
-        if self._prefetched:
-            found = self._prefetched.pop((name, holder), None)
-            if found is not None and found[0] == step and time.monotonic() - found[3] < 1.0:
-                # The step a waiter sent right behind its BLPOP (AsyncRedisWaiter): it ran on
-                # the server after `sent`. Shift `now` by the time since, so that the local
-                # deadline the caller derives (its send time + expires - now) counts from
-                # `sent`: conservative, never late.
-                result = replies.acquire_result(name, holder, limit, found[1], per_key)
-                result = dataclasses.replace(
-                    result, now=result.now + (time.monotonic() - found[2])
-                )
-                grant = result.grant
-                if grant is None or grant.expires_at - result.now >= ttl / 2:
-                    return result
-                # Sent long before it ran (its BLPOP blocked for most of the lease): rather
-                # than start on a lease that looks nearly over, ask again. Per holder the step
-                # answers the same grant, with the store's clock read now.
         reply = await self._run("acquire", name, [name, holder, *step])
         result = replies.acquire_result(name, holder, limit, reply, per_key)
-        if len(reply) > 7:
+        if len(reply) > 8:
             await self._notify(name, [replies.notify_score(reply) or ""])
-        if result.grant is None and result.position is not None:
-            if len(self._waiting_steps) >= keys.KeyCache.SIZE:
-                self._waiting_steps.clear()
-            self._waiting_steps[(name, holder)] = step
         return result
 
     async def release(self, name: str, holder: str, token: int | None) -> bool:
@@ -460,7 +400,7 @@ class AsyncRedisBackend:
         return await self.connection.scan_names(pattern, "d", probe, prefix, max_count)
 
     async def open_waiter(self, name: str, holder: str) -> AsyncRedisWaiter:
-        return AsyncRedisWaiter(self, name, holder, self._waiting_steps.pop((name, holder), None))
+        return AsyncRedisWaiter(self, name, holder)
 
     async def ping(self) -> None:
         await self.connection.ping()

@@ -1,8 +1,7 @@
 """What the Redis lock and queue backends of one client share: the clients (the one the
 scripts run on, and the ones blocked waiters BLPOP on), the one path that runs a Lua script,
 SCAN over hash tags, and the queue backend itself (made on first use). Every script reaches
-the server through :meth:`AsyncRedisConnection.run` or, behind a waiter's BLPOP,
-:meth:`AsyncRedisConnection.blpop_then_run`, both EVALSHA with the same NOSCRIPT handling.
+the server through :meth:`AsyncRedisConnection.run` (EVALSHA, SCRIPT LOAD on NOSCRIPT).
 
 The lock backend (``redis.py``) and the queue backend (``redis_queue.py``) each hold the
 same connection and never import each other.
@@ -260,32 +259,6 @@ class AsyncRedisConnection:
         else:
             spare.append(conn)
         return reply
-
-    async def blpop_then_run(
-        self,
-        client: Any,
-        key: str,
-        block: float,
-        script: scripts.Script,
-        keys: list[str],
-        args: list[Any],
-    ) -> tuple[Any, Any, float]:
-        """BLPOP ``key`` on the blocking ``client`` with ``script`` pipelined right behind it,
-        so Redis runs the script the moment the BLPOP returns: (what BLPOP popped, the
-        script's reply or None if it did not run, the local time it was sent). A driver
-        error of the BLPOP is raised; on NOSCRIPT the script is loaded for the next time and
-        this run is lost (the caller's next step sends it again)."""
-        pipe = client.pipeline(transaction=False)
-        pipe.blpop([key], timeout=block)
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-        sent = time.monotonic()
-        popped, reply = await pipe.execute(raise_on_error=False)
-        if isinstance(popped, BaseException):
-            raise popped
-        if isinstance(reply, NoScriptError):
-            await client.script_load(script.text)
-            return popped, None, sent
-        return popped, reply, sent
 
     async def scan_names(
         self,

@@ -2,8 +2,7 @@
 """What the Redis lock and queue backends of one client share: the clients (the one the
 scripts run on, and the ones blocked waiters BLPOP on), the one path that runs a Lua script,
 SCAN over hash tags, and the queue backend itself (made on first use). Every script reaches
-the server through :meth:`RedisConnection.run` or, behind a waiter's BLPOP,
-:meth:`RedisConnection.blpop_then_run`, both EVALSHA with the same NOSCRIPT handling.
+the server through :meth:`RedisConnection.run` (EVALSHA, SCRIPT LOAD on NOSCRIPT).
 
 The lock backend (``redis.py``) and the queue backend (``redis_queue.py``) each hold the
 same connection and never import each other.
@@ -261,32 +260,6 @@ class RedisConnection:
         else:
             spare.append(conn)
         return reply
-
-    def blpop_then_run(
-        self,
-        client: Any,
-        key: str,
-        block: float,
-        script: scripts.Script,
-        keys: list[str],
-        args: list[Any],
-    ) -> tuple[Any, Any, float]:
-        """BLPOP ``key`` on the blocking ``client`` with ``script`` pipelined right behind it,
-        so Redis runs the script the moment the BLPOP returns: (what BLPOP popped, the
-        script's reply or None if it did not run, the local time it was sent). A driver
-        error of the BLPOP is raised; on NOSCRIPT the script is loaded for the next time and
-        this run is lost (the caller's next step sends it again)."""
-        pipe = client.pipeline(transaction=False)
-        pipe.blpop([key], timeout=block)
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-        sent = time.monotonic()
-        popped, reply = pipe.execute(raise_on_error=False)
-        if isinstance(popped, BaseException):
-            raise popped
-        if isinstance(reply, NoScriptError):
-            client.script_load(script.text)
-            return popped, None, sent
-        return popped, reply, sent
 
     def scan_names(
         self,

@@ -39,7 +39,7 @@ def _seconds(us: Any) -> float:
 def notify_score(reply: Any) -> str | None:
     """The notification an acquire, release or set_limit reply carries (``NOTIFY`` in
     ``_lib.lua``): the score under which the name goes into the callback index, or None."""
-    if isinstance(reply, list) and len(reply) in (2, 8):
+    if isinstance(reply, list) and len(reply) in (2, 9):
         return _text(reply[-1])
     return None
 
@@ -51,7 +51,7 @@ def acquire_result(
     raises ``lock_machine.limit_conflict`` (``group_conflict`` when the per_key differs)
     when the script refused it (``granted`` 2, with the name's limit and per_key, -1 for
     none, in place of position and retry)."""
-    granted, token, acquired, expires, now, position, retry = reply[:7]
+    granted, token, acquired, expires, now, position, retry, wait_id = reply[:8]
     if int(granted) == 2:
         current = (int(position), None if int(retry) < 0 else int(retry))
         if current[1] != per_key:
@@ -65,7 +65,22 @@ def acquire_result(
         None if int(position) < 0 else int(position),
         _seconds(now),
         None if int(retry) < 0 else _seconds(retry),
+        int(wait_id) if wait_id not in (b"", "") else None,
     )
+
+
+def handed_grant(name: str, holder: str, popped: Any) -> tuple[int, Grant] | None:
+    """The grant a wake-up carried (``wake()`` in ``lua/lock/_lib.lua``:
+    ``g <token> <acquired_us> <expires_us> <joined_us>``) and the waiting entry it was made
+    for, or None for a bare wake-up (one pushed by a client of an earlier release)."""
+    parts = _text(popped).split(" ")
+    if len(parts) != 5 or parts[0] != "g":
+        return None
+    try:
+        token, acquired, expires, joined = (int(p) for p in parts[1:])
+    except ValueError:
+        return None
+    return joined, Grant(name, holder, token, _seconds(acquired), _seconds(expires))
 
 
 def _micros(value: Any) -> float:

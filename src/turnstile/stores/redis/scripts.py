@@ -1,8 +1,9 @@
 """The Lua scripts, loaded one way for locks, queues and rate limits (no I/O; both flavours).
 
-Redis has no includes, so each operation's script is its folder's ``_lib.lua`` followed by
-the operation's own file; the result is sent by SHA1 (EVALSHA) and its text only when a
-server answers NOSCRIPT (see ``AsyncRedisConnection.run``).
+Redis has no includes, so each operation's script is its fast path if it has one
+(``_fast_<operation>.lua``), its folder's ``_lib.lua``, then the operation's own file; the
+result is sent by SHA1 (EVALSHA) and its text only when a server answers NOSCRIPT (see
+``AsyncRedisConnection.run``).
 """
 
 from __future__ import annotations
@@ -56,10 +57,15 @@ class Script:
 
 
 def script_text(folder: str, operation: str) -> str:
-    """The Lua source of one operation: the folder's library followed by the operation."""
+    """The Lua source of one operation: the folder's ``_head.lua`` (declarations every
+    script of the folder shares, where there is one), the operation's fast path
+    (``_fast_<operation>.lua``, where there is one: it answers the commonest case before
+    the library's helpers are even made, and falls through otherwise), the folder's
+    library, then the operation."""
     files = resources.files("turnstile.stores.redis").joinpath("lua", folder)
-    lib = files.joinpath("_lib.lua").read_text("utf-8")
-    return lib + "\n" + files.joinpath(f"{operation}.lua").read_text("utf-8")
+    parts = [files.joinpath(f) for f in ("_head.lua", f"_fast_{operation}.lua", "_lib.lua")]
+    parts.append(files.joinpath(f"{operation}.lua"))
+    return "\n".join(p.read_text("utf-8") for p in parts if p.is_file())
 
 
 def load(folder: str) -> dict[str, Script]:

@@ -70,10 +70,15 @@ local NO_HOLDERS, NO_WAITERS = false, false
 -- names with callbacks (lua/lock/index.lua) as "due now".
 local NOTIFY = false
 local NOTIFY_SHIFT = 1000000000000000 -- 1e15 us: notifications score below any real time
+-- What this step knows the name to be at its end, for the fast paths (_fast_acquire.lua,
+-- _fast_release.lua): "0" no holder and nobody in line, "1" one holder and nobody in line;
+-- false when it does not know. finish() stamps it with "=last" and "=seq" into "=fast".
+local FAST = false
 
 local function load(holder)
-  local r = redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                       'h:' .. holder, 'w:' .. holder, '=pk')
+  -- A fast path that fell through read these already, for this same holder (_head.lua).
+  local r = PRELOAD or redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp',
+                                  '=cb', 'h:' .. holder, 'w:' .. holder, '=pk')
   S.name, S.limit = r[1], r[2] and tonumber(r[2])
   S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
   S.cb, S.mine, S.waiting = r[6] and true or false, r[7], r[8]
@@ -271,12 +276,17 @@ local function signal_key(holder)
   return BASE .. 's:' .. holder
 end
 
--- Wake exactly this waiter: one entry in its own list, which it BLPOPs. The list expires
--- with the unclaimed grant it announces.
-local function wake(holder, lease_us)
+-- Wake exactly this waiter: one entry in its own list, which it BLPOPs, carrying the grant
+-- "g <token> <acquired_us> <expires_us> <joined_us>" (joined_us: the waiting entry it was
+-- made for, the wait_id of that entry's acquire replies), so the waiter holds it without
+-- another step (the grant is unclaimed: it lasts min(ttl, wait_ttl) until a renewal claims
+-- it). A client of a release before wake-ups carried grants reads any entry as a bare
+-- wake-up and claims with a step. The list expires with the unclaimed grant it announces.
+local function wake(holder, h, joined)
   local key = signal_key(holder)
-  redis.call('RPUSH', key, '1')
-  redis.call('PEXPIRE', key, fmt(math.floor(lease_us / 1000) + 1))
+  redis.call('RPUSH', key, 'g ' .. h.token .. ' ' .. fmt(h.acquired) .. ' ' .. fmt(h.expires) ..
+             ' ' .. fmt(joined))
+  redis.call('PEXPIRE', key, fmt(math.floor((h.expires - NOW) / 1000) + 1))
 end
 
 -- Grant the waiters `front` (their records `recs`, in line order) and take them out of the
@@ -307,7 +317,7 @@ local function grant_waiters(front, recs, claimant)
       local lease = claimed and w.ttl or math.min(w.ttl, w.wait_ttl)
       h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed,
            key = w.key}
-      if not claimed then wake(holder, lease) end
+      if not claimed then wake(holder, h, w.joined) end
     end
     granted[holder] = h
     table.insert(grants, {holder, h})
@@ -433,6 +443,9 @@ end
 -- may have just been created (Redis drops empty ones), so it is given its expiry every time.
 local SLACK_US = 300 * 1000000
 local function finish()
+  if FAST and not S.cb and not S.pk then
+    pending['=fast'] = fmt(S.last) .. ' ' .. fmt(S.seq) .. ' ' .. FAST
+  end
   local covered = S.exp
   if newest > covered then
     covered = newest + SLACK_US
@@ -464,7 +477,7 @@ local function noted(reply)
 end
 
 local function grant_reply(h)
-  return noted({1, h.token, h.acquired, h.expires, NOW, -1, -1})
+  return noted({1, h.token, h.acquired, h.expires, NOW, -1, -1, ''})
 end
 
 -- The kind of a stored callback ("sfn", "http"; "unknown" if unreadable): all that status

@@ -13,11 +13,13 @@
 --       total is the limit (lock_machine.acquire: an idle name takes it, a newcomer naming
 --       another one on a busy name is refused)  [11] (optional; "" or absent: none) the key
 --       the caller asks for in the group (never empty: validate.group_key)
--- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us
---          [, notify]}:
+-- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us,
+--          wait_id [, notify]}:
 --   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
 --   granted = 0: position in line (0 = next) or -1 when not in line, and retry_after_us
---   until the earliest lease expires or -1 without holders;
+--   until the earliest lease expires or -1 without holders; wait_id (a decimal string, ""
+--   when not in line): the caller's waiting entry (its arrival stamp), which the wake-up
+--   carrying its grant names (wake() in _lib.lua);
 --   granted = 2: refused, the name is busy under another limit or per_key, given in place
 --   of position and retry_after_us (-1: not a group): a newcomer naming another shape; see
 --   lock_machine.limit_conflict and group_conflict;
@@ -49,7 +51,7 @@ purge(holder)
 -- is refused (nothing written but the purge); an idle name takes the caller's.
 if busy() and S.limit then
   if S.limit ~= limit or S.pk ~= per_key then
-    if not (S.mine or S.waiting) then return {2, '', 0, 0, NOW, S.limit, S.pk or -1} end
+    if not (S.mine or S.waiting) then return {2, '', 0, 0, NOW, S.limit, S.pk or -1, ''} end
     limit = S.limit
   end
 else
@@ -84,6 +86,7 @@ if mine then
   return grant_reply(mine)
 end
 
+local wait_id = ''
 if S.waiting then
   -- Keep our place (a waiter is never behind free slots: promote left free = 0, or in a
   -- group no free slot its key could take).
@@ -91,6 +94,7 @@ if S.waiting then
   w.ttl, w.wait_ttl, w.expires = ttl, wait_ttl, NOW + wait_ttl
   if callback then w.cb = callback end
   put_waiter(holder, w)
+  wait_id = fmt(w.joined)
 elseif free > 0 and (not S.pk or key_has_room(key)) then
   -- A slot is free and the line empty: joining and being promoted at once, in one go.
   -- (In a group the line may hold waiters, all of full keys, and a grant to this key
@@ -102,16 +106,20 @@ elseif free > 0 and (not S.pk or key_has_room(key)) then
     put_pending(holder, h)
   end
   put_holders({{holder, h}})
+  -- promote() left the line empty (free > 0) and limit - free holders: if none, ours is the
+  -- only one now (the fast release's case).
+  if free == limit and NO_WAITERS then FAST = '1' end
   finish()
   return grant_reply(h)
 elseif enqueue then
   local stamp = join(holder, lead)
   put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = stamp, expires = NOW + wait_ttl,
                       cb = callback, key = key})
+  wait_id = fmt(stamp)
 end
 
 local position = -1
 if S.waiting or enqueue then position = redis.call('ZRANK', WQ, holder) or -1 end
 local retry = retry_after()
 finish()
-return noted({0, '', 0, 0, NOW, position, retry})
+return noted({0, '', 0, 0, NOW, position, retry, wait_id})

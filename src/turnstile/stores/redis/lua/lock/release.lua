@@ -25,6 +25,12 @@ if token == '' then
   redis.call('DEL', signal_key(holder))
 end
 if S.limit and not NO_WAITERS then promote(S.limit, nil) end
+if NO_WAITERS and not S.cb and not S.pk then
+  -- Nobody in line: with no holder or one left, the next acquire or release of the name
+  -- can take a fast path (_fast_acquire.lua, _fast_release.lua).
+  local n = held()
+  if n <= 1 then FAST = fmt(n) end
+end
 finish()
 if NOTIFY then return {released, notify_score()} end
 return released

@@ -1,0 +1,51 @@
+-- acquire, fast path: runs before the library (_lib.lua) is even built, and answers alone
+-- the commonest step, an acquire on a name that is idle, in 5 commands. Anything else falls
+-- through to the library and acquire.lua, which do the whole step.
+--
+-- "=fast" in D is "<last> <seq> <kind>": a step of the library wrote it knowing the name,
+-- at the end of that step, to have kind "0" (no holder, nobody in line) or "1" (one holder,
+-- nobody in line), with "=last" and "=seq" as given. Every step that adds a holder takes a
+-- new token ("=last"), every step that adds a waiter a new stamp ("=seq"), whoever's client
+-- and release runs it; so while both still read as stamped, nothing was added since, and
+-- kind "0" still holds (nothing can have been removed from an idle name). A callback name
+-- ("=cb") or a semaphore group ("=pk") never takes this path.
+do
+  local name, holder, limit, ttl = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+  if (ARGV[8] or '') == '' and (ARGV[10] or '') == '' then
+    local d = KEYS[1]
+    -- load()'s fields (_lib.lua), then "=fast"
+    local r = redis.call('HMGET', d, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
+                         'h:' .. holder, 'w:' .. holder, '=pk', '=fast')
+    PRELOAD = r
+    local last, seq = r[3] or '0', r[4] or '0'
+    if r[10] == last .. ' ' .. seq .. ' 0' and r[1] == name and not r[6] and not r[9]
+        and not r[7] and not r[8] then
+      local t = redis.call('TIME')
+      local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      local token = string.format('%d', math.max(tonumber(last) + 1, now))
+      local expires = now + ttl
+      local fe = string.format('%d', expires)
+      local fields = {'h:' .. holder, token .. ' ' .. string.format('%d', now) .. ' ' .. fe .. ' 1',
+                      '=last', token, '=fast', token .. ' ' .. seq .. ' 1'}
+      if r[2] ~= limit then
+        table.insert(fields, '=limit')
+        table.insert(fields, limit)
+      end
+      -- As finish() in _lib.lua: D's expiry moves SLACK_US ahead at a time; HX was empty
+      -- (so Redis had dropped it) and is made again here, so it gets its expiry now.
+      local covered = tonumber(r[5] or '0')
+      local move = expires > covered
+      if move then
+        covered = expires + 300 * 1000000
+        table.insert(fields, '=exp')
+        table.insert(fields, string.format('%d', covered))
+      end
+      redis.call('HSET', d, unpack(fields))
+      redis.call('ZADD', KEYS[2], fe, holder)
+      local at = string.format('%d', math.floor((covered + 3600 * 1000000) / 1000) + 2)
+      redis.call('PEXPIREAT', KEYS[2], at)
+      if move then redis.call('PEXPIREAT', d, at) end
+      return {1, token, now, expires, now, -1, -1, ''}
+    end
+  end
+end

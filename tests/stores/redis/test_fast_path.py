@@ -1,0 +1,147 @@
+"""The fast paths of the lock scripts (``lua/lock/_fast_acquire.lua``, ``_fast_release.lua``):
+an acquire on an idle name and the release of a name's only holder with nobody in line are
+answered before the library is built, in a handful of commands, and only while the name's
+``=fast`` record, stamped with its token counter and arrival stamp, proves the case — also
+against holders and waiters written by a client that knows nothing of it (an earlier
+release of Turnstile, emulated here by writing its records directly)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import turnstile
+from turnstile.stores.redis import keys as redis_keys
+
+from ._tools import RedisProcess, redis_process
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisProcess]:
+    with redis_process(tmp_path / "redis", "--appendonly", "no") as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: RedisProcess) -> Iterator[turnstile.Client]:
+    client = turnstile.connect(server.url + "?prefix=tt-fast:")
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _keys(client: turnstile.Client, name: str) -> list[str]:
+    base = client.backend._keys.get(name)[0]  # type: ignore[attr-defined]
+    return redis_keys.name_keys(base)
+
+
+def _server_us(server: RedisProcess) -> int:
+    with server.admin() as admin:
+        seconds, micros = admin.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def _calls(server: RedisProcess) -> dict[str, int]:
+    stats = server.commandstats()
+    return {k: n for k, n in stats.items() if k not in ("info", "hello", "time")}
+
+
+def test_an_idle_name_costs_two_short_scripts_per_acquire_and_release(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    lock = client.lock("idle", ttl=30)
+    for _ in range(2):  # the first release learns the name idle; scripts get loaded
+        lock.acquire(timeout=1).release()
+    before = _calls(server)
+    for _ in range(10):
+        lease = lock.acquire(timeout=1)
+        assert lease.release() is True
+    after = _calls(server)
+    spent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    spent = {k: n for k, n in spent.items() if n}
+    # Per cycle: acquire = HMGET, TIME, HSET, ZADD, PEXPIREAT (the holder index was empty,
+    # so it is made again); release = HMGET, TIME, HDEL, ZREM, HSET.
+    assert spent == {
+        "evalsha": 20,
+        "hmget": 20,
+        "hset": 20,
+        "zadd": 10,
+        "pexpireat": 10,
+        "hdel": 10,
+        "zrem": 10,
+    }, spent
+    # Tokens still grow, and the name is left with nothing but its counter.
+    assert lock.acquire(timeout=1).token > lease.token
+
+
+def test_a_holder_written_by_a_client_without_fast_paths_is_seen(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    lock = client.lock("mixed", ttl=30)
+    lock.acquire(timeout=1, holder="a").release()  # "=fast" now says: idle
+    d, hx = _keys(client, "mixed")[:2]
+    now = _server_us(server)
+    with server.admin() as admin:
+        last = int(admin.hget(d, "=last"))
+        token = max(last + 1, now)
+        # What an acquire of an earlier release writes: the record, the token counter and
+        # the holder index; "=fast" is left as it was.
+        admin.hset(d, mapping={"h:old": f"{token} {now} {now + 30_000_000} 1", "=last": token})
+        admin.zadd(hx, {"old": now + 30_000_000})
+    got = lock.try_acquire(holder="b")
+    assert not got.acquired
+    assert [h.holder for h in lock.status().holders] == ["old"]
+
+
+def test_a_waiter_written_by_a_client_without_fast_paths_is_handed_the_lock(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    lock = client.lock("mixed", ttl=30)
+    lock.acquire(timeout=1, holder="a").release()
+    lease = lock.acquire(timeout=1, holder="a")  # "=fast" now says: one holder, no line
+    d, _hx, wx, wq = _keys(client, "mixed")[:4]
+    now = _server_us(server)
+    with server.admin() as admin:
+        seq = int(admin.hget(d, "=seq") or 0)
+        stamp = max(seq + 1, now)
+        expires = now + 30_000_000
+        # What a join of an earlier release writes: the record, the arrival stamp, the line
+        # and the waiters' expiry index.
+        admin.hset(d, mapping={"w:old": f"30000000 30000000 {stamp} {expires}", "=seq": stamp})
+        admin.zadd(wq, {"old": stamp})
+        admin.zadd(wx, {"old": expires})
+    assert lease.release() is True
+    status = lock.status()
+    assert [h.holder for h in status.holders] == ["old"] and status.waiters == ()
+
+
+def test_a_stale_or_lapsed_release_still_reports_it(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    lock = client.lock("stale", ttl=30)
+    lock.acquire(timeout=1, holder="a").release()
+    lease = lock.acquire(timeout=1, holder="a")
+    assert lock.release("a", lease.token + 1) is False  # not this lease's token
+    assert lease.release() is True
+    short = client.lock("stale", ttl=0.3).acquire(timeout=1, holder="a")
+    time.sleep(0.5)  # its lease has run out on the server
+    assert short.release() is False
+    assert lock.status().holders == ()
+    again = lock.acquire(timeout=1, holder="b")
+    assert again.token > short.token
+
+
+def test_a_new_limit_on_an_idle_name_is_taken(client: turnstile.Client) -> None:
+    client.lock("shape", ttl=30).acquire(timeout=1).release()
+    sem = client.semaphore("shape", 3, ttl=30)
+    leases = [sem.acquire(timeout=1) for _ in range(3)]
+    assert sem.status().limit == 3
+    assert not sem.try_acquire("one-more").acquired
+    for lease in leases:
+        lease.release()
