@@ -8,14 +8,15 @@
 -- new token ("=last"), every step that adds a waiter a new stamp ("=seq"), whoever's client
 -- and release runs it; so while both still read as stamped, nothing was added since, and
 -- kind "0" still holds (nothing can have been removed from an idle name). A callback name
--- ("=cb") or a semaphore group ("=pk") never takes this path.
+-- ("=cb") or a semaphore group ("=pk") never takes this path. "=due" (_lib.lua, DUE) is
+-- written as the new lease's expiry: the only entry of the name.
 do
   local name, holder, limit, ttl = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
   if (ARGV[8] or '') == '' and (ARGV[10] or '') == '' then
     local d = KEYS[1]
-    -- load()'s fields (_lib.lua), then "=fast"
+    -- load()'s fields (_lib.lua)
     local r = redis.call('HMGET', d, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                         'h:' .. holder, 'w:' .. holder, '=pk', '=fast')
+                         'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
     PRELOAD = r
     local last, seq = r[3] or '0', r[4] or '0'
     if r[10] == last .. ' ' .. seq .. ' 0' and r[1] == name and not r[6] and not r[9]
@@ -26,7 +27,8 @@ do
       local expires = now + ttl
       local fe = string.format('%d', expires)
       local fields = {'h:' .. holder, token .. ' ' .. string.format('%d', now) .. ' ' .. fe .. ' 1',
-                      '=last', token, '=fast', token .. ' ' .. seq .. ' 1'}
+                      '=last', token, '=fast', token .. ' ' .. seq .. ' 1',
+                      '=due', fe .. ' ' .. token .. ' ' .. seq}
       if r[2] ~= limit then
         table.insert(fields, '=limit')
         table.insert(fields, limit)

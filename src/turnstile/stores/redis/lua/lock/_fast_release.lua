@@ -8,9 +8,9 @@ do
   local holder, token = ARGV[2], ARGV[3]
   if token ~= '' then
     local d = KEYS[1]
-    -- load()'s fields (_lib.lua), then "=fast"
+    -- load()'s fields (_lib.lua)
     local r = redis.call('HMGET', d, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                         'h:' .. holder, 'w:' .. holder, '=pk', '=fast')
+                         'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
     PRELOAD = r
     local last, seq = r[3] or '0', r[4] or '0'
     if r[10] == last .. ' ' .. seq .. ' 1' and not r[6] and r[7] then

@@ -12,6 +12,9 @@
 --                     the name may have callback waiters or pending deliveries (CW, PD
 --                     kept up to date), "=pk" a semaphore group's per-key limit (absent:
 --                     a plain lock or semaphore; "=limit" is then the group's total),
+--                     "=fast" "<last> <seq> <kind>" and "=due" "<due_us> <last> <seq>":
+--                     what a step knew at its end, stamped with "=last" and "=seq" then
+--                     (see FAST and DUE below; a stamp that no longer matches is ignored),
 --                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)", or for a
 --                       callback grant "token acquired_us expires_us claimed pending(0|1)
 --                       claimed_until_us attempts callback" (the callback text last: it may
@@ -58,12 +61,22 @@ local NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- State read at the start of an operation (one HMGET), written back by finish().
 local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
-           cb = false, pk = false}
+           cb = false, pk = false, due = false}
 local pending = {}    -- D fields to write in finish(): field -> value
 local extend = {}     -- keys whose expiry must cover the newest entry
 local newest = 0      -- latest expiry written by this operation
 -- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
 local NO_HOLDERS, NO_WAITERS = false, false
+-- HX as last read (read_hx()) and kept up to date after: its number of entries (nil:
+-- unknown) and its earliest expiry (false: empty; nil: unknown).
+local HELD, FIRST_HX = nil, nil
+-- A lower bound on every expiry in HX and WX (us; EMPTY_DUE when both are empty), or false
+-- when unknown. Stored in "=due" stamped with "=last" and "=seq": every step that adds a
+-- holder takes a token and every join takes a stamp, whichever release's client runs it,
+-- and the rest only removes entries or moves expiries later, so while the stamp matches the
+-- bound holds, and a step before it need not look for expired entries (purge()).
+local DUE = false
+local EMPTY_DUE = 4503599627370496 -- 2^52 us: later than any expiry
 -- Set when this step made a callback grant (a pending delivery), or granted anything on a
 -- name with callbacks (a new lease whose expiry the deliverer's schedule does not know):
 -- the reply then carries NOW - NOTIFY_SHIFT, which the client adds to the store's index of
@@ -78,11 +91,31 @@ local FAST = false
 local function load(holder)
   -- A fast path that fell through read these already, for this same holder (_head.lua).
   local r = PRELOAD or redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp',
-                                  '=cb', 'h:' .. holder, 'w:' .. holder, '=pk')
+                                  '=cb', 'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
   S.name, S.limit = r[1], r[2] and tonumber(r[2])
   S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
   S.cb, S.mine, S.waiting = r[6] and true or false, r[7], r[8]
   S.pk = r[9] and tonumber(r[9]) or false
+  S.due = r[11] or false
+  if S.due then
+    local due, last, seq = string.match(S.due, '^(%d+) (%d+) (%d+)$')
+    if due and last == (r[3] or '0') and seq == (r[4] or '0') then DUE = tonumber(due) end
+  end
+end
+
+-- An entry expiring at `expires` was written to HX or WX.
+local function lower_due(expires)
+  if DUE then DUE = math.min(DUE, expires) end
+end
+
+-- Read HX's size and earliest expiry in one command (a second for a name of over 32).
+local function read_hx()
+  local r = redis.call('ZRANGE', HX, 0, 32, 'WITHSCORES')
+  local n = #r / 2
+  FIRST_HX = n > 0 and tonumber(r[2])
+  if n > 32 then n = redis.call('ZCARD', HX) end
+  HELD = n
+  NO_HOLDERS = n == 0
 end
 
 -- A record's key (a group's holder or waiter: "k<bytes> <key> <record>"), and the rest;
@@ -177,21 +210,32 @@ end
 -- Store holders {holder, record} as D fields and in the expiry index (one call each).
 local function put_holders(list)
   local z = {}
+  local first = nil
   for _, item in ipairs(list) do
     pending['h:' .. item[1]] = pack_holder(item[2])
     table.insert(z, fmt(item[2].expires))
     table.insert(z, item[1])
     wrote(item[2].expires, HX)
+    lower_due(item[2].expires)
+    first = math.min(first or item[2].expires, item[2].expires)
   end
   if #z > 0 then
-    redis.call('ZADD', HX, unpack(z))
+    local added = redis.call('ZADD', HX, unpack(z))
+    if NO_HOLDERS then HELD, FIRST_HX = 0, false end
     NO_HOLDERS = false
+    if HELD then HELD = HELD + added end
+    if added < #list then
+      FIRST_HX = nil -- an entry moved: it may have been the earliest
+    elseif FIRST_HX ~= nil then
+      FIRST_HX = FIRST_HX and math.min(FIRST_HX, first) or first
+    end
   end
 end
 
 local function put_waiter(holder, w)
   pending['w:' .. holder] = pack_waiter(w)
   redis.call('ZADD', WX, fmt(w.expires), holder)
+  lower_due(w.expires)
   NO_WAITERS = false
   wrote(w.expires, WX, WQ)
   if w.cb then
@@ -208,7 +252,9 @@ end
 
 local function drop_holder(holder)
   redis.call('HDEL', D, unpack(prefixed('h:', {holder})))
-  redis.call('ZREM', HX, holder)
+  local gone = redis.call('ZREM', HX, holder)
+  if HELD then HELD = HELD - gone end
+  FIRST_HX = nil -- it may have been the earliest
   if S.cb then redis.call('ZREM', PD, holder) end
 end
 
@@ -226,11 +272,16 @@ local function first_score(z)
   return tonumber(r[2])
 end
 
--- model.purge: drop expired leases and waiting entries (expires <= now).
+-- model.purge: drop expired leases and waiting entries (expires <= now). Skipped when DUE
+-- shows nothing can have expired; else it learns DUE afresh.
 local function purge(holder)
-  local first = first_score(HX)
-  NO_HOLDERS = first == nil
+  if DUE and DUE > NOW then return end
+  read_hx()
+  local first = FIRST_HX or nil
+  local due = first or EMPTY_DUE
   if first ~= nil and first <= NOW then
+    HELD, FIRST_HX = nil, nil
+    due = NOW + 1 -- what is left expires later; exactly when is not read
     local gone = redis.call('ZRANGEBYSCORE', HX, '-inf', fmt(NOW))
     unpack_chunks(gone, function(c)
       redis.call('HDEL', D, unpack(prefixed('h:', c)))
@@ -241,6 +292,7 @@ local function purge(holder)
   end
   first = first_score(WX)
   NO_WAITERS = first == nil
+  if first ~= nil then due = math.min(due, first > NOW and first or NOW + 1) end
   if first ~= nil and first <= NOW then
     local gone = redis.call('ZRANGEBYSCORE', WX, '-inf', fmt(NOW))
     unpack_chunks(gone, function(c)
@@ -251,11 +303,13 @@ local function purge(holder)
     if S.cb then redis.call('ZREMRANGEBYSCORE', CW, '-inf', fmt(NOW)) end
     for _, g in ipairs(gone) do if g == holder then S.waiting = false end end
   end
+  DUE = due
 end
 
 local function held()
   if NO_HOLDERS then return 0 end
-  return redis.call('ZCARD', HX)
+  if HELD == nil then read_hx() end
+  return HELD
 end
 
 -- After purge(): whether the name has a live holder or waiter (model: not state.empty).
@@ -404,7 +458,10 @@ local function promote(limit, claimant)
   local free = limit - held()
   if free <= 0 or NO_WAITERS then return math.max(free, 0), {} end
   local front = redis.call('ZRANGE', WQ, 0, free - 1)
-  if #front == 0 then return free, {} end
+  if #front == 0 then
+    NO_WAITERS = true
+    return free, {}
+  end
   local recs = redis.call('HMGET', D, unpack(prefixed('w:', front)))
   local granted = grant_waiters(front, recs, claimant)
   if #front < free then NO_WAITERS = true end
@@ -431,9 +488,10 @@ end
 
 -- Microseconds until the earliest lease expires, or -1 without holders.
 local function retry_after()
-  local first = first_score(HX)
-  if first == nil then return -1 end
-  return math.max(0, first - NOW)
+  if NO_HOLDERS then return -1 end
+  if FIRST_HX == nil then read_hx() end
+  if not FIRST_HX then return -1 end
+  return math.max(0, FIRST_HX - NOW)
 end
 
 -- Write back D's changed fields and keep every key alive past its newest entry, plus KEEP_US
@@ -445,6 +503,10 @@ local SLACK_US = 300 * 1000000
 local function finish()
   if FAST and not S.cb and not S.pk then
     pending['=fast'] = fmt(S.last) .. ' ' .. fmt(S.seq) .. ' ' .. FAST
+  end
+  if DUE then
+    local due = fmt(DUE) .. ' ' .. fmt(S.last) .. ' ' .. fmt(S.seq)
+    if due ~= S.due then pending['=due'] = due end
   end
   local covered = S.exp
   if newest > covered then
