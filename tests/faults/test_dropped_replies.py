@@ -7,7 +7,7 @@ resets the connection, once. Every operation is idempotent per holder (acquire) 
 
 * acquire: the caller gets the lease the store granted (one holder, one token), never a
   second grant and never a grant nobody knows about;
-* the wait step (Redis: the ``BLPOP`` with the acquire step pipelined behind it;
+* the wait step (Redis: the ``BLPOP`` that pops the wake-up carrying the grant;
   PostgreSQL: the ``NOTIFY`` that hands the grant over, on the LISTEN connection): the
   waiter still gets the lease, promptly and with (about) its whole ttl ahead;
 * release: no error for a release the store committed, the next waiter is granted exactly

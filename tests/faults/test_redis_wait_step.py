@@ -1,12 +1,12 @@
 """Issue 17.2: one dropped reply never throws a grant away (Redis).
 
-A blocked waiter sends ``BLPOP`` on its own wake-up list with its acquire step pipelined
-right behind it. When the holder releases, the BLPOP pops the wake-up and the step claims
-the grant for the full ttl; if that reply is lost (the connection is reset), the waiter must
-still start on that lease with (about) its whole ttl ahead. Before the fix redis-py sent the
-whole pipeline again: the BLPOP blocked until its timeout on the now empty list, the step
-behind it answered the grant claimed a block earlier, and the lease was handed over with less
-than a third of its ttl left, then declared lost before its first renewal (ttl/3 regardless).
+A blocked waiter sends ``BLPOP`` on its own wake-up list; the holder's release pushes the
+grant to it. If the reply to that BLPOP is lost (the connection is reset), the wake-up and
+the grant in it are gone from the list: the waiter must still start on that lease with
+(about) its whole ttl ahead, without sending the BLPOP again (it would block on the empty
+list while the unclaimed grant runs out). Before the fix redis-py sent the blocking command
+again, and the lease was handed over with less than a third of its ttl left, then declared
+lost before its first renewal.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 TTL = 3.0  # the waiter's wait_ttl is min(ttl, 5 s), so each of its BLPOPs blocks ttl/3 = 1 s
 
 
-def test_dropped_reply_to_the_pipelined_wait_step_keeps_the_grant(
+def test_dropped_reply_to_the_wait_step_keeps_the_grant(
     redis_store: ProxiedStore,
 ) -> None:
     proxy = redis_store.proxy
@@ -51,7 +51,7 @@ def test_dropped_reply_to_the_pipelined_wait_step_keeps_the_grant(
         thread = threading.Thread(target=waiter)
         thread.start()
         # A BLPOP that has just started blocking (for 1 s): well inside it, lose the reply
-        # that the release's wake-up produces (BLPOP's pop + the claim behind it).
+        # that the release's wake-up produces (the grant BLPOP pops).
         assert proxy.wait_request(b"BLPOP", seen, 20), "the waiter never blocked"
         seen = proxy.request_count(b"BLPOP")
         assert proxy.wait_request(b"BLPOP", seen, 5), "the waiter never blocked again"
@@ -77,11 +77,11 @@ def test_dropped_reply_to_the_pipelined_wait_step_keeps_the_grant(
 
 
 def test_a_wait_step_answer_that_arrives_late_is_asked_again(redis_store: ProxiedStore) -> None:
-    """The answer of the step pipelined behind a BLPOP carries no send time of its own: the
-    waiter can only count from when it sent the BLPOP, which may have blocked for a while
-    before the wake-up. When that answer also arrives late, the lease would look nearly
-    over; the waiter asks again (one more step, per holder the same grant) and starts with
-    the real remaining time, as the store's clock tells it."""
+    """A wake-up carries no send time of its own: the waiter counts the handed lease from
+    the step that put it in line, which may be a while before the wake-up. When the BLPOP's
+    answer also arrives late, the handed lease would look nearly over; the waiter claims it
+    with a step instead (per holder the same grant) and starts with the real remaining
+    time, as the store's clock tells it."""
     ttl = 6.0  # each BLPOP blocks wait_ttl/3 = 5/3 s
     proxy = redis_store.proxy
     direct = turnstile.connect(redis_store.direct)

@@ -67,11 +67,11 @@ def _retry() -> Retry:
 
 def _no_retry() -> Retry:
     """For the clients that block in BLPOP: a blocking command is never sent again blindly.
-    Its wake-up may have been consumed, and the acquire step pipelined behind it may have
-    claimed a grant, before the reply was lost: sent again, the BLPOP would block until its
-    timeout on an empty list and the step behind it would answer a lease that much older.
-    A failed wait returns instead, and the caller looks with an acquire step at once (per
-    holder, it answers the grant already claimed, with its real expiry)."""
+    Its wake-up, with the grant it carried, may have been consumed before the reply was
+    lost: sent again, the BLPOP would block until its timeout on an empty list while that
+    unclaimed grant runs out. A failed wait returns instead, and the caller looks with an
+    acquire step at once (per holder, it claims the grant already made, with its real
+    expiry)."""
     return Retry(NoBackoff(), 0)
 
 
