@@ -70,7 +70,7 @@ class Waiter(Protocol):
         """The grant a wake-up carried for the waiting entry ``wait_id``
         (``AcquireResult.wait_id`` of the step that put or kept the caller in line), taken
         once; ``None`` if none came, which is always the answer of a store whose wake-ups
-        carry no grant (every store but PostgreSQL).
+        carry no grant (every store but PostgreSQL and Redis).
 
         The grant is already durable on the store; the caller holds it from then on without
         another acquire step. It may be *unclaimed*: it lasts ``min(ttl, wait_ttl)`` until a
