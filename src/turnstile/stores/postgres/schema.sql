@@ -1491,7 +1491,12 @@ BEGIN
                                  p_max_attempts, p_waiter, v_now, p_channel) c;
     v_wake := v_wake + greatest(v_claim_wake, 0);
     IF v_wake > 0 THEN
-        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, p_waiter);
+        -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does
+        -- while consumers keep up: the call is spared).
+        PERFORM pg_advisory_xact_lock_shared(__SCHEMA__._queue_lock_key(v_qid, 3));
+        IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = v_qid) THEN
+            PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, p_waiter);
+        END IF;
     END IF;
 END
 $$;
@@ -1553,7 +1558,12 @@ BEGIN
         v_wake := v_wake + 1;
     END IF;
     IF v_wake > 0 THEN
-        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, NULL);
+        -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does
+        -- while consumers keep up: the call is spared).
+        PERFORM pg_advisory_xact_lock_shared(__SCHEMA__._queue_lock_key(v_qid, 3));
+        IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = v_qid) THEN
+            PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, NULL);
+        END IF;
     END IF;
     RETURN v_acked;
 END
