@@ -1718,10 +1718,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_qid bigint := __SCHEMA__._queue_id(p_name);
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_now timestamptz;
+    v_freed integer;
     v_count integer;
 BEGIN
+    -- The put lock too: a requeue and a purge of the same dead letters never wait for each
+    -- other's rows in opposite orders.
+    PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(v_qid, 1));
+    v_now := coalesce(p_now, clock_timestamp());
+    v_freed := __SCHEMA__._queue_purge(v_qid, v_now);
     DELETE FROM __SCHEMA__.queue_messages m
     WHERE m.queue_id = v_qid AND m.state = 2 AND (p_ids IS NULL OR m.id = ANY (p_ids));
     GET DIAGNOSTICS v_count = ROW_COUNT;

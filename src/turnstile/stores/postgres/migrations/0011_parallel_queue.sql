@@ -15,8 +15,8 @@
 --   the key is pending (ready or in flight); a key's messages only leave (acked, dead), and
 --   a new one always comes later in seq order, so a claim that sees a key blocked on an old
 --   snapshot was at worst early, and two claims can never both take messages of one key.
--- * Puts (and requeue, which gives messages a new seq) take the queue's put lock: seq order
---   is commit order, so no claim can see a later message of a key (or of the queue) before
+-- * Puts (and requeue, which gives messages a new seq, and purge_dead) take the queue's put
+--   lock: seq order is commit order, so no claim can see a later message of a key (or of the queue) before
 --   an earlier one is committed; FIFO and dedup stay exact.
 -- * A capped claim (p_concurrency set) counts the messages in flight holding the queue's cap
 --   lock: two capped claims never both see room for one.
@@ -578,10 +578,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_qid bigint := __SCHEMA__._queue_id(p_name);
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_now timestamptz;
+    v_freed integer;
     v_count integer;
 BEGIN
+    -- The put lock too: a requeue and a purge of the same dead letters never wait for each
+    -- other's rows in opposite orders.
+    PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(v_qid, 1));
+    v_now := coalesce(p_now, clock_timestamp());
+    v_freed := __SCHEMA__._queue_purge(v_qid, v_now);
     DELETE FROM __SCHEMA__.queue_messages m
     WHERE m.queue_id = v_qid AND m.state = 2 AND (p_ids IS NULL OR m.id = ANY (p_ids));
     GET DIAGNOSTICS v_count = ROW_COUNT;
