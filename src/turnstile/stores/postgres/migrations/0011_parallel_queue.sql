@@ -35,7 +35,10 @@
 -- transaction pooler), keyed by _queue_lock_key. A step never waits for a row while holding
 -- the waiter lock, and a waiter-lock holder waits for nothing, so they cannot deadlock.
 --
--- The signatures and answers of every queue function are unchanged.
+-- The signatures and answers of every queue function are unchanged (queue_claim's two
+-- signatures included). New: queue_ack_claim, the worker loop's step between two messages
+-- (ack one, claim the next, one transaction), and the helpers _queue_id, _queue_lock_key and
+-- _queue_claim; _queue_wake takes the step's time and a waiter to leave out; _queue_lock goes.
 
 -- The id of queue p_name's row, making the row on first use. Not locked.
 CREATE FUNCTION __SCHEMA__._queue_id(p_name text) RETURNS bigint
