@@ -44,6 +44,7 @@ from turnstile_bench.adapters import (
     RQQueue,
     SkipLockedQueue,
     TurnstileQueue,
+    TurnstileWorkQueue,
 )
 from turnstile_bench.scenarios import ThroughputRow, WebhookRow, run_throughput, run_webhook_pair
 from turnstile_bench.servers import (
@@ -66,6 +67,11 @@ def forget_rq_queue(url: str, name: str) -> None:
         r.srem("rq:queues", f"rq:queue:{name}")
         if not r.scard("rq:queues"):
             r.delete("rq:queues")
+
+
+# The rows of Turnstile's own worker loop (q.work) on PostgreSQL, where it acks a message and
+# claims the next in one transaction.
+WORK = "turnstile (q.work)"
 
 
 def has(module: str) -> bool:
@@ -151,14 +157,25 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
             "oldest is deliverable).")
     pg = rate.get(("postgres", "turnstile"))
     skip = rate.get(("postgres", "SKIP LOCKED table"))
+    pw = rate.get(("postgres", WORK))
     if pg and skip:
+        line = (f"- **PostgreSQL queue**: {pg:,.0f} messages/s with `get` + `ack`, "
+                f"{pg / skip:.2f}x the plain `SKIP LOCKED` table")
+        if pw:
+            line += (f"; {pw:,.0f} with its worker loop `q.work` ({pw / skip:.2f}x), which acks "
+                     "a message and claims the next in one transaction")
+        kw, kg = keyed.get(("postgres", WORK)), keyed.get(("postgres", "turnstile"))
+        if kw and kg:
+            line += (f"; keyed ({kw.keys} keys) {kg.per_second:,.0f} ({kg.per_second / skip:.2f}x) "
+                     f"and {kw.per_second:,.0f} ({kw.per_second / skip:.2f}x)")
         out.append(
-            f"- **PostgreSQL queue**: {pg:,.0f} messages/s, {pg / skip:.2f}x the plain `SKIP "
-            "LOCKED` table. Every operation of one queue is serialised on the queue's row: "
-            "that keeps the global cap exact, the per-key order strict and wake-ups from being "
-            "missed (docs/queue.md), at three transactions per message (put, claim, ack). The "
+            line + ". The operations of one queue run side by side (claims `FOR UPDATE SKIP "
+            "LOCKED`; puts, the cap's count and waiter registration under narrow locks), "
+            "keeping the global cap exact, the per-key order strict and wake-ups from being "
+            "missed (docs/queue.md); each `get` and each `ack` is a durable commit. The "
             "`SKIP LOCKED` table keeps none of those guarantees (no keys, no cap, and a "
-            "consumer's crash loses its message unless it holds a transaction open).")
+            "consumer's crash loses its message unless it holds a transaction open) and "
+            "commits once per message.")
     rq = rate.get(("redis", "RQ (SimpleWorker)"))
     if rq and rd:
         out.append(
@@ -277,6 +294,12 @@ class QueueBench(Bench):
                 throughput.append(keyed(
                     "postgres", "turnstile", functools.partial(TurnstileQueue, url, "tpk"),
                     note="per-key FIFO, one in flight per key"))
+                throughput.append(tp(
+                    "postgres", WORK, functools.partial(TurnstileWorkQueue, url, "tpw"),
+                    note="its worker loop: ack + next claim in one transaction"))
+                throughput.append(keyed(
+                    "postgres", WORK, functools.partial(TurnstileWorkQueue, url, "tpwk"),
+                    note="its worker loop; per-key FIFO, one in flight per key"))
                 throughput.append(tp(
                     "postgres", "SKIP LOCKED table",
                     functools.partial(SkipLockedQueue, args.postgres, schema),

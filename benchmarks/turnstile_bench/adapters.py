@@ -464,6 +464,57 @@ class TurnstileQueue(QueueAdapter):
         self.client.close()
 
 
+class TurnstileWorkQueue(TurnstileQueue):
+    """A Turnstile queue consumed by its own worker loop, ``q.work`` (one worker, on a thread
+    of its own), as procrastinate's rows use its ``Worker``: the handler hands the message to
+    :meth:`take` and returns once :meth:`done` is called; the loop then acks it, on
+    PostgreSQL in the same step as it claims the next (``queue_ack_claim``)."""
+
+    def __init__(self, url: str, name: str, visibility_timeout: float = 30.0) -> None:
+        super().__init__(url, name, visibility_timeout)
+        self._thread: Any = None
+        self._jobs: Any = None
+
+    def _start(self) -> None:
+        import queue
+        import threading
+
+        jobs: queue.Queue[tuple[Any, threading.Event]] = queue.Queue()
+        self._jobs = jobs
+
+        def handler(message: Any) -> None:
+            finished = threading.Event()
+            jobs.put((message.payload, finished))
+            finished.wait()
+
+        self._thread = threading.Thread(
+            target=lambda: self.q.work(handler, handle_signals=False), daemon=True
+        )
+        self._thread.start()
+
+    def take(self, timeout: float) -> tuple[Any, Any] | None:
+        import queue
+
+        if self._thread is None:
+            self._start()
+        try:
+            payload, finished = self._jobs.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(payload, dict) and payload.get("stop"):
+            self.q.stop()  # take nothing more: the message in hand is this consumer's last
+        return payload, finished
+
+    def done(self, handle: Any) -> None:
+        handle.set()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self.q.stop()
+            self._thread.join(30)
+        self.client.close()
+
+
 class SkipLockedQueue(QueueAdapter):
     """The usual PostgreSQL table queue: ``DELETE ... WHERE id = (SELECT ... FOR UPDATE SKIP
     LOCKED LIMIT 1) RETURNING``, consumers woken by LISTEN/NOTIFY (NOTIFY per insert), in a

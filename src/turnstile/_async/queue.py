@@ -210,10 +210,46 @@ class AsyncQueue:
             waiter=waiter,
         )
 
-    async def _get(self, timeout: float | None, stop: _compat.Event | None) -> AsyncMessage | None:
+    async def _ack_claim(
+        self, message: AsyncMessage, waiter: str | None
+    ) -> records.ClaimResult:
+        """Ack ``message`` and claim the next (``ack_claim``); the ack's outcome is recorded
+        on the message, as :meth:`AsyncMessage.ack` does."""
+        ok: bool
+        result: records.ClaimResult
+        ok, result = await self._backend.ack_claim(
+            self.name,
+            message.id,
+            message.receipt,
+            receipt=secrets.token_hex(12),
+            visibility_timeout=self.visibility_timeout,
+            concurrency=self.concurrency,
+            max_attempts=self.max_attempts,
+            waiter=waiter,
+        )
+        telemetry.queue_settled(self.name, message.id, "ack", ok)
+        message.settled = True
+        message.lost = message.lost or not ok
+        return result
+
+    async def _get(
+        self,
+        timeout: float | None,
+        stop: _compat.Event | None,
+        ack: AsyncMessage | None = None,
+    ) -> AsyncMessage | None:
+        """``ack``: a message to ack first (the worker loop's step between two messages),
+        with the first claim (``ack_claim``: on PostgreSQL one round trip and one commit
+        instead of two); a store that long-polls its gets acks it on its own first."""
+        if ack is not None and self._long_poll_gets:
+            await ack.ack()
+            ack = None
         deadline = None if timeout is None else time.monotonic() + timeout
         if timeout == 0 or (stop is not None and stop.is_set()):
-            result = await self._claim(None)
+            if ack is not None:
+                result = await self._ack_claim(ack, None)
+            else:
+                result = await self._claim(None)
             return None if result.delivery is None else AsyncMessage(self, result.delivery)
         if self._long_poll_gets:
             return await self._get_remote(deadline, stop)
@@ -224,7 +260,11 @@ class AsyncQueue:
         registered = False
         try:
             while True:
-                result = await self._claim(waiter.id)
+                if ack is not None:  # a new waiter, as ack_claim requires
+                    result = await self._ack_claim(ack, waiter.id)
+                    ack = None
+                else:
+                    result = await self._claim(waiter.id)
                 registered = result.delivery is None
                 if result.delivery is not None:
                     return AsyncMessage(self, result.delivery)
@@ -521,29 +561,60 @@ class _WorkLoop:
 
     async def worker(self) -> None:
         error_delay = ERROR_BACKOFF
+        # A message whose handler returned, acked by the next get in the same store step
+        # (AsyncQueue._get), or on its own when the loop ends.
+        pending: AsyncMessage | None = None
         while not self.stop.is_set():
             if not self._take_slot():
-                return
+                break
             try:
-                message = await self.queue._get(self.idle_timeout, self.stop)
+                message = await self.queue._get(self.idle_timeout, self.stop, ack=pending)
             except BackendUnavailable as exc:
+                # The ack went through (a backend without ack_claim acks first) or is unknown
+                # (a failed ack_claim): then the next get acks again (a second ack of one
+                # delivery is refused, and counted as lost).
+                if pending is not None and pending.settled:
+                    self._acked(pending)
+                    pending = None
                 self._give_back_slot()
                 log.warning("getting from %r failed, retrying: %s", self.queue.name, exc)
                 if await _compat.wait_event(self.stop, error_delay):
-                    return
+                    break
                 error_delay = min(error_delay * 2, ERROR_BACKOFF_MAX)
                 continue
+            if pending is not None:
+                self._acked(pending)
+                pending = None
             error_delay = ERROR_BACKOFF
             if message is None:  # stopped, or idle_timeout passed: this worker is done
                 self._give_back_slot()
                 with self.lock:
                     if not self.stop.is_set() and self.result.stopped_by is None:
                         self.result.stopped_by = "idle_timeout"
-                return
-            await self.handle(message)
-            self._after_message()
+                break
+            pending = await self.handle(message)
+            if pending is None:
+                self._after_message()
+        if pending is not None:
+            if not pending.settled:
+                await self._settle(pending, True, 0.0, None)
+            self._acked(pending)
 
-    async def handle(self, message: AsyncMessage) -> None:
+    def _acked(self, message: AsyncMessage) -> None:
+        """Count a message the loop acked (after its handler returned)."""
+        if message.lost:
+            log.warning(
+                "message %s of %r: the store refused the ack (its visibility timeout passed); "
+                "it is or will be delivered again",
+                message.id,
+                self.queue.name,
+            )
+        self._count("lost" if message.lost else "acked")
+        self._after_message()
+
+    async def handle(self, message: AsyncMessage) -> AsyncMessage | None:
+        """Run the handler on ``message`` and settle it; a message the handler returned on
+        and did not settle is returned instead, for the worker to ack with its next get."""
         vt = self.queue.visibility_timeout
         self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
         try:
@@ -566,12 +637,12 @@ class _WorkLoop:
                     done = await self._settle(message, False, delay, text)
                 self._count("failed" if done else "lost")
             else:
-                done = not message.lost
                 if not message.settled:
-                    done = await self._settle(message, True, 0.0, None)
-                self._count("acked" if done else "lost")
+                    return message
+                self._count("lost" if message.lost else "acked")
         finally:
             self.running.pop(message, None)
+        return None
 
     def _count(self, what: str) -> None:
         with self.lock:

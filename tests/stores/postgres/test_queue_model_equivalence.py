@@ -1,6 +1,7 @@
-"""The PostgreSQL queue functions (migration 0002) held to ``_core/queue_machine.py``: the same
-random operations on the same virtual clock (``p_now``) must give identical answers and wake
-the same waiters (checked through the NOTIFYs the functions send)."""
+"""The PostgreSQL queue functions (migration 0002, 0011) held to ``_core/queue_machine.py``: the
+same random operations on the same virtual clock (``p_now``) must give identical answers and
+wake the same waiters (checked through the NOTIFYs the functions send). ``queue_ack_claim``
+(the worker loop's step) must answer and wake as an ack then a claim by a new waiter."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def test_sql_queue_functions_follow_the_model(pg_url: str, seed: int) -> None:
             clock[0] += rnd.choice([0.0, 0.0, 0.25, 0.75, 3.0])
             now = clock[0]
             op = rnd.choices(["put", "claim", "ack", "nack", "extend", "stats", "dead",
-                              "requeue", "purge"], [30, 30, 12, 8, 4, 4, 3, 3, 1])[0]
+                              "requeue", "purge", "ack_claim"],
+                             [30, 30, 12, 8, 4, 4, 3, 3, 1, 8])[0]
             if op == "put":
                 i = f"m{step}"
                 ids.append(i)
@@ -66,6 +68,20 @@ def test_sql_queue_functions_follow_the_model(pg_url: str, seed: int) -> None:
                 got = qb.claim("q", **kw)
                 if want.delivery is not None:
                     deliveries.append((want.delivery.id, want.delivery.receipt))
+            elif op == "ack_claim" and deliveries:
+                i, r = rnd.choice(deliveries[-6:])
+                fresh = f"n{step}"  # a new waiter, as ack_claim requires
+                keys_of[wake_key("q", fresh, queue=True)] = fresh
+                kw = dict(receipt=f"r{step}", visibility_timeout=rnd.choice([1.0, 4.0]),
+                          concurrency=rnd.choice([None, 1, 2]), max_attempts=rnd.choice([2, 3]),
+                          waiter=rnd.choice([None, fresh]))
+                acked, woken = qmod.ack(state, id=i, receipt=r, now=now)
+                claimed, woken_too = qmod.claim(state, now=now, **kw)  # type: ignore[arg-type]
+                woken += woken_too
+                want = (acked, claimed)
+                got = qb.ack_claim("q", i, r, **kw)
+                if claimed.delivery is not None:
+                    deliveries.append((claimed.delivery.id, claimed.delivery.receipt))
             elif op in ("ack", "nack", "extend") and deliveries:
                 i, r = rnd.choice(deliveries[-6:])
                 if op == "ack":

@@ -28,9 +28,17 @@ if TYPE_CHECKING:
     from .postgres_connection import AsyncPostgresConnection
 
 OPERATIONS = (
-    "put", "claim", "ack", "nack", "extend", "stats", "dead", "requeue", "purge", "unregister",
-    "names",
+    "put", "claim", "ack_claim", "ack", "nack", "extend", "stats", "dead", "requeue", "purge",
+    "unregister", "names",
 )
+
+def _claim_result(row: Any, receipt: str) -> ClaimResult:
+    found, mid, key, body, kind, attempt, enq, deadline, now, retry = row
+    if not found:
+        return ClaimResult(None, now, retry)
+    delivery = Delivery(mid, key, bytes(body), kind, attempt, enq, receipt, deadline)
+    return ClaimResult(delivery, now, None)
+
 
 class AsyncPostgresQueueWaiter:
     def __init__(
@@ -92,11 +100,32 @@ class AsyncPostgresQueueBackend(AsyncLocalQueueWaits):
                 "max": max_attempts, "waiter": waiter, "channel": channel,
             },
         )
-        found, mid, key, body, kind, attempt, enq, deadline, now, retry = row
-        if not found:
-            return ClaimResult(None, now, retry)
-        delivery = Delivery(mid, key, bytes(body), kind, attempt, enq, receipt, deadline)
-        return ClaimResult(delivery, now, None)
+        return _claim_result(row, receipt)
+
+    async def ack_claim(
+        self,
+        name: str,
+        id: str,
+        ack_receipt: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[bool, ClaimResult]:
+        """ack, then claim, in one transaction (one round trip, one commit): the worker
+        loop's step between two messages. ``waiter`` must not be registered yet."""
+        channel = (self.connection.wake_channel() or None) if waiter is not None else None
+        row = await self._one(
+            "ack_claim",
+            {
+                "name": name, "id": id, "ack_receipt": ack_receipt, "receipt": receipt,
+                "vt": visibility_timeout, "cap": concurrency, "max": max_attempts,
+                "waiter": waiter, "channel": channel,
+            },
+        )
+        return bool(row[0]), _claim_result(row[1:], receipt)
 
     async def ack(self, name: str, id: str, receipt: str) -> bool:
         row = await self._one("ack", {"name": name, "id": id, "receipt": receipt})

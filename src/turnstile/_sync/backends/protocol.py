@@ -36,7 +36,7 @@ duplicating.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from ..._core.records import (
     AcquireResult,
@@ -222,7 +222,32 @@ class QueueWaiter(Protocol):
 class LocalQueueWaits:
     """The documented answer of ``long_poll`` for every store whose blocking gets wake a local
     waiter (``characteristics.long_poll_gets`` False): memory, SQLite, Redis, PostgreSQL.
-    Their queue backends inherit it instead of each writing the same refusal."""
+    Their queue backends inherit it instead of each writing the same refusal, and the
+    two-step ``ack_claim`` (PostgreSQL has its own, one transaction)."""
+
+    def ack_claim(
+        self,
+        name: str,
+        id: str,
+        ack_receipt: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[bool, ClaimResult]:
+        backend = cast("QueueBackend", self)  # every subclass is one
+        acked = backend.ack(name, id, ack_receipt)
+        result = backend.claim(
+            name,
+            receipt=receipt,
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=waiter,
+        )
+        return acked, result
 
     def long_poll(
         self,
@@ -258,6 +283,24 @@ class QueueBackend(Protocol):
         ...
 
     def ack(self, name: str, id: str, receipt: str) -> bool: ...
+
+    def ack_claim(
+        self,
+        name: str,
+        id: str,
+        ack_receipt: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[bool, ClaimResult]:
+        """``ack`` of (``id``, ``ack_receipt``), then ``claim``: the worker loop's step
+        between two messages. ``waiter`` is new (not registered yet). PostgreSQL does both in
+        one transaction (one round trip, one commit); every other store runs the two steps
+        (``LocalQueueWaits.ack_claim``)."""
+        ...
 
     def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None

@@ -133,6 +133,16 @@ FROM __SCHEMA__.queue_claim(%(name)s::text, %(receipt)s::text, %(vt)s::float8,
                             %(cap)s::integer, %(max)s::integer, %(waiter)s::text,
                             %(now)s::timestamptz, %(channel)s::text)
 
+-- name: queue_ack_claim
+-- The worker loop (schema version 11): ack the message it handled and claim the next, in one
+-- transaction.
+SELECT o_acked, o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+       o_now, o_retry_after
+FROM __SCHEMA__.queue_ack_claim(%(name)s::text, %(id)s::text, %(ack_receipt)s::text,
+                                %(receipt)s::text, %(vt)s::float8, %(cap)s::integer,
+                                %(max)s::integer, %(waiter)s::text, %(now)s::timestamptz,
+                                %(channel)s::text)
+
 -- name: queue_ack
 SELECT __SCHEMA__.queue_ack(%(name)s::text, %(id)s::text, %(receipt)s::text,
                             %(now)s::timestamptz)

@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 10): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 11): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0010) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0011) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -9,10 +9,12 @@
 -- channel of that schema.
 --
 -- Every operation is one call of a function below, in its own (autocommit) transaction: it
--- locks the name's (or queue's) row first (SELECT ... FOR UPDATE), reads the clock after
+-- locks the name's row first (SELECT ... FOR UPDATE), reads the clock after
 -- taking the lock (clock_timestamp()) and follows turnstile/_core/lock_machine.py (queues:
 -- queue_machine.py, rate limits: rate_machine.py) step for step. Nothing relies on session state, so the functions work
--- through a transaction pooler.
+-- through a transaction pooler. Queues (version 11) do not lock their row: their steps run
+-- side by side under narrower locks (see migrations/0011_parallel_queue.sql and "Queues"
+-- below).
 --
 -- Wake-ups: a lock waiter joins the line naming the channel its client LISTENs on (one
 -- random channel per client) and its wake key (wake_key(name, holder), computed by the
@@ -1159,6 +1161,12 @@ $$;
 
 -- == Queues =====================================================================================
 
+-- Version 11: claims run side by side (FOR UPDATE SKIP LOCKED over the ready messages; only
+-- claims lock a ready message), puts and requeues take the queue's put lock (seq order is
+-- commit order), capped claims its cap lock, and a claim about to register a waiter looks
+-- again holding the waiter lock that every waking step takes shared, last (no missed
+-- wake-up). The locks are transaction-scoped advisory locks (_queue_lock_key).
+
 -- The NOTIFY payload that wakes one queue waiter: 128 bits of
 -- sha256(NUL "queue" NUL name NUL waiter), hex (lock names never start with NUL, so it never
 -- equals a lock's wake_key). turnstile.stores.postgres.sql.wake_key(..., queue=True) computes
@@ -1171,8 +1179,8 @@ AS $$
                               || convert_to(p_waiter, 'UTF8')), 'hex'), 32)
 $$;
 
--- Lock the row of queue p_name (creating it); every queue operation starts here.
-CREATE FUNCTION __SCHEMA__._queue_lock(p_name text) RETURNS bigint
+-- The id of queue p_name's row, making the row on first use. Not locked.
+CREATE FUNCTION __SCHEMA__._queue_id(p_name text) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1180,46 +1188,65 @@ DECLARE
     v_key bytea := sha256(convert_to(p_name, 'UTF8'));
     v_id bigint;
 BEGIN
-    FOR attempt IN 1..50 LOOP
-        SELECT q.id INTO v_id FROM __SCHEMA__.queues q WHERE q.key = v_key FOR UPDATE;
-        IF FOUND THEN
-            RETURN v_id;
+    SELECT q.id INTO v_id FROM __SCHEMA__.queues q WHERE q.key = v_key;
+    IF v_id IS NULL THEN
+        INSERT INTO __SCHEMA__.queues (key, name) VALUES (v_key, p_name)
+        ON CONFLICT DO NOTHING
+        RETURNING id INTO v_id;
+        IF v_id IS NULL THEN  -- made meanwhile (ON CONFLICT waited for its commit)
+            SELECT q.id INTO v_id FROM __SCHEMA__.queues q WHERE q.key = v_key;
         END IF;
-        INSERT INTO __SCHEMA__.queues (key, name) VALUES (v_key, p_name) ON CONFLICT DO NOTHING;
-    END LOOP;
-    RAISE EXCEPTION 'turnstile: could not lock the row of a queue' USING ERRCODE = '55P03';
+    END IF;
+    RETURN v_id;
 END
 $$;
 
--- queue_machine.purge: time out in-flight messages past their deadline (dead letter after
--- max_attempts), drop expired dedup entries and waiters. Returns how many left flight.
-CREATE FUNCTION __SCHEMA__._queue_purge(p_qid bigint, p_now timestamptz) RETURNS integer
+-- The advisory lock p_kind of queue p_qid (transaction-scoped): 1 its puts, 2 its capped
+-- claims, 3 its waiters. Seeded with the schema's channel, so schemas do not share them.
+CREATE FUNCTION __SCHEMA__._queue_lock_key(p_qid bigint, p_kind integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+    SELECT hashtextextended(__CHANNEL__, p_qid * 4 + p_kind)
+$$;
+
+-- queue_machine.purge of the messages: in-flight messages past their deadline are ready
+-- again (due at their deadline) or, after max_attempts, dead. Returns how many this step
+-- took out of flight.
+CREATE FUNCTION __SCHEMA__._queue_purge(p_qid bigint, p_now timestamptz)
+RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_dead integer;
-    v_back integer;
+    v_first timestamptz;
+    v_count integer;
 BEGIN
+    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
+    WHERE m.queue_id = p_qid AND m.state = 1
+    ORDER BY m.deadline
+    LIMIT 1;
+    IF v_first IS NULL OR v_first > p_now THEN
+        RETURN 0;
+    END IF;
     UPDATE __SCHEMA__.queue_messages m
-    SET state = 2, died_at = m.deadline, receipt = NULL,
-        error = 'visibility timeout passed before ack'
-    WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now
-      AND m.attempts >= m.max_attempts;
-    GET DIAGNOSTICS v_dead = ROW_COUNT;
-    UPDATE __SCHEMA__.queue_messages m
-    SET state = 0, available_at = m.deadline, receipt = NULL,
-        error = 'visibility timeout passed before ack'
-    WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now;
-    GET DIAGNOSTICS v_back = ROW_COUNT;
-    DELETE FROM __SCHEMA__.queue_dedup d WHERE d.queue_id = p_qid AND d.expires_at <= p_now;
-    DELETE FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = p_qid AND w.expires_at <= p_now;
-    RETURN v_dead + v_back;
+    SET state = CASE WHEN m.attempts >= m.max_attempts THEN 2 ELSE 0 END,
+        died_at = CASE WHEN m.attempts >= m.max_attempts THEN m.deadline ELSE m.died_at END,
+        available_at = CASE WHEN m.attempts >= m.max_attempts THEN m.available_at
+                            ELSE m.deadline END,
+        receipt = NULL, error = 'visibility timeout passed before ack'
+    WHERE m.seq IN (SELECT e.seq FROM __SCHEMA__.queue_messages e
+                    WHERE e.queue_id = p_qid AND e.state = 1 AND e.deadline <= p_now
+                    ORDER BY e.deadline
+                    FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
 END
 $$;
 
--- queue_machine.take_waiters, as in version 2, on each waiter's own channel where it named one.
-CREATE FUNCTION __SCHEMA__._queue_wake(p_qid bigint, p_name text, p_count integer)
+-- queue_machine.take_waiters: wake the p_count oldest live waiters but p_except, each on its
+-- own channel where it named one. Holds the queue's waiter lock shared until the commit (see above).
+CREATE FUNCTION __SCHEMA__._queue_wake(p_qid bigint, p_name text, p_count integer,
+                                       p_now timestamptz, p_except text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1230,10 +1257,15 @@ BEGIN
     IF p_count <= 0 THEN
         RETURN;
     END IF;
+    PERFORM pg_advisory_xact_lock_shared(__SCHEMA__._queue_lock_key(p_qid, 3));
     FOR w IN
         DELETE FROM __SCHEMA__.queue_waiters d
-        WHERE d.seq IN (SELECT f.seq FROM __SCHEMA__.queue_waiters f WHERE f.queue_id = p_qid
-                        ORDER BY f.seq LIMIT p_count)
+        WHERE d.seq IN (SELECT f.seq FROM __SCHEMA__.queue_waiters f
+                        WHERE f.queue_id = p_qid AND f.expires_at > p_now
+                          AND f.waiter IS DISTINCT FROM p_except
+                        ORDER BY f.seq
+                        LIMIT p_count
+                        FOR UPDATE SKIP LOCKED)
         RETURNING d.waiter, d.channel
     LOOP
         PERFORM pg_notify(coalesce(nullif(w.channel, ''), __CHANNEL__),
@@ -1251,92 +1283,118 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_qid bigint := __SCHEMA__._queue_id(p_name);
+    v_now timestamptz;
+    v_freed integer;
 BEGIN
+    PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(v_qid, 1));
+    v_now := coalesce(p_now, clock_timestamp());
+    v_freed := __SCHEMA__._queue_purge(v_qid, v_now);
     o_now := extract(epoch FROM v_now);
     o_created := false;
+    DELETE FROM __SCHEMA__.queue_dedup d WHERE d.queue_id = v_qid AND d.expires_at <= v_now;
     IF p_dedup_id IS NOT NULL THEN
         SELECT d.id INTO o_id FROM __SCHEMA__.queue_dedup d
         WHERE d.queue_id = v_qid AND d.dedup_id = p_dedup_id;
         IF FOUND THEN
-            PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+            PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed, v_now, NULL);
             RETURN;
         END IF;
     END IF;
     o_id := p_id;
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
-               WHERE m.queue_id = v_qid AND m.id = p_id) THEN
-        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
-        RETURN;
-    END IF;
     INSERT INTO __SCHEMA__.queue_messages (queue_id, id, key, body, kind, enqueued_at,
         available_at, attempts, max_attempts, state)
     VALUES (v_qid, p_id, p_key, p_body, p_kind, v_now,
-            v_now + p_delay * interval '1 second', 0, p_max_attempts, 0);
+            v_now + p_delay * interval '1 second', 0, p_max_attempts, 0)
+    ON CONFLICT (queue_id, id) DO NOTHING;
+    IF NOT FOUND THEN  -- a client retrying the very same put
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed, v_now, NULL);
+        RETURN;
+    END IF;
     IF p_dedup_id IS NOT NULL THEN
         INSERT INTO __SCHEMA__.queue_dedup (queue_id, dedup_id, id, expires_at)
         VALUES (v_qid, p_dedup_id, p_id, v_now + p_dedup_window * interval '1 second');
     END IF;
     o_created := true;
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1, v_now, NULL);
 END
 $$;
 
--- queue_machine.claim: hand out the ready, due message with the smallest seq that heads its
--- key (no earlier pending message of the key), unless p_concurrency are in flight; else
--- register p_waiter (if given) and say when to look again.
-CREATE FUNCTION __SCHEMA__.queue_claim(
-    p_name text, p_receipt text, p_visibility double precision, p_concurrency integer,
-    p_max_attempts integer, p_waiter text, p_now timestamptz DEFAULT NULL,
+-- queue_machine.claim on queue p_qid at p_now (the caller's clock), without its wake-ups:
+-- hand out the ready, due message with the smallest seq that heads its key (no earlier
+-- pending message of the key), unless p_concurrency are in flight; else register p_waiter
+-- (if given; woken on p_channel, NULL: the schema's channel) and say when to look again.
+-- o_wake: how many waiters the step wakes (the caller wakes them, see queue_claim).
+CREATE FUNCTION __SCHEMA__._queue_claim(
+    p_qid bigint, p_receipt text, p_visibility double precision, p_concurrency integer,
+    p_max_attempts integer, p_waiter text, p_now timestamptz, p_channel text,
     OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
     OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
-    OUT o_now double precision, OUT o_retry_after double precision)
+    OUT o_retry_after double precision, OUT o_wake integer)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_first timestamptz;
+    v_freed integer := 0;
     v_seq bigint;
     v_deadline timestamptz;
     v_next timestamptz;
 BEGIN
-    o_now := extract(epoch FROM v_now);
     o_found := false;
-    IF p_concurrency IS NULL OR (SELECT count(*) FROM __SCHEMA__.queue_messages m
-                                 WHERE m.queue_id = v_qid AND m.state = 1) < p_concurrency THEN
-        SELECT m.seq INTO v_seq FROM __SCHEMA__.queue_messages m
-        WHERE m.queue_id = v_qid AND m.state = 0 AND m.available_at <= v_now
-          AND (m.key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM __SCHEMA__.queue_messages o
-              WHERE o.queue_id = v_qid AND o.key = m.key AND o.state < 2 AND o.seq < m.seq))
-        ORDER BY m.seq
-        LIMIT 1;
+    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
+    WHERE m.queue_id = p_qid AND m.state = 1
+    ORDER BY m.deadline
+    LIMIT 1;
+    IF v_first <= p_now THEN
+        v_freed := __SCHEMA__._queue_purge(p_qid, p_now);
     END IF;
+    IF p_concurrency IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(p_qid, 2));
+    END IF;
+    FOR v_look IN 1..2 LOOP
+        IF p_concurrency IS NULL OR (SELECT count(*) FROM __SCHEMA__.queue_messages m
+                                     WHERE m.queue_id = p_qid AND m.state = 1) < p_concurrency
+        THEN
+            SELECT m.seq INTO v_seq FROM __SCHEMA__.queue_messages m
+            WHERE m.queue_id = p_qid AND m.state = 0 AND m.available_at <= p_now
+              AND (m.key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM __SCHEMA__.queue_messages o
+                  WHERE o.queue_id = p_qid AND o.key = m.key AND o.state < 2 AND o.seq < m.seq))
+            ORDER BY m.seq
+            LIMIT 1
+            FOR UPDATE OF m SKIP LOCKED;
+        END IF;
+        EXIT WHEN v_seq IS NOT NULL OR p_waiter IS NULL OR v_look = 2;
+        -- Nothing for a consumer that will wait: look again holding the waiter lock.
+        PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(p_qid, 3));
+    END LOOP;
     IF v_seq IS NULL THEN
         IF p_waiter IS NOT NULL THEN
-            INSERT INTO __SCHEMA__.queue_waiters (queue_id, waiter, expires_at)
-            VALUES (v_qid, p_waiter, v_now + interval '6 seconds')  -- queue_model.WAITER_TTL
-            ON CONFLICT (queue_id, waiter) DO UPDATE SET expires_at = excluded.expires_at;
+            -- A lapsed registration is forgotten: this one joins at the end.
+            DELETE FROM __SCHEMA__.queue_waiters w
+            WHERE w.queue_id = p_qid AND w.expires_at <= p_now;
+            INSERT INTO __SCHEMA__.queue_waiters (queue_id, waiter, expires_at, channel)
+            VALUES (p_qid, p_waiter, p_now + interval '6 seconds', p_channel)  -- queue_model.WAITER_TTL
+            ON CONFLICT (queue_id, waiter) DO UPDATE
+            SET expires_at = excluded.expires_at,
+                channel = coalesce(excluded.channel, __SCHEMA__.queue_waiters.channel);
         END IF;
         SELECT least(
             (SELECT min(m.available_at) FROM __SCHEMA__.queue_messages m
-             WHERE m.queue_id = v_qid AND m.state = 0 AND m.available_at > v_now),
+             WHERE m.queue_id = p_qid AND m.state = 0 AND m.available_at > p_now),
             (SELECT min(m.deadline) FROM __SCHEMA__.queue_messages m
-             WHERE m.queue_id = v_qid AND m.state = 1)) INTO v_next;
+             WHERE m.queue_id = p_qid AND m.state = 1)) INTO v_next;
         IF v_next IS NOT NULL THEN
-            o_retry_after := greatest(0, extract(epoch FROM v_next) - extract(epoch FROM v_now));
+            o_retry_after := greatest(0, extract(epoch FROM v_next) - extract(epoch FROM p_now));
         END IF;
-        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+        o_wake := v_freed;
         RETURN;
     END IF;
     IF p_waiter IS NOT NULL THEN
-        DELETE FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
+        DELETE FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = p_qid AND w.waiter = p_waiter;
     END IF;
-    v_deadline := v_now + p_visibility * interval '1 second';
+    v_deadline := p_now + p_visibility * interval '1 second';
     UPDATE __SCHEMA__.queue_messages m
     SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
         receipt = p_receipt, deadline = v_deadline
@@ -1345,17 +1403,109 @@ BEGIN
     INTO o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
     o_found := true;
     o_deadline := extract(epoch FROM v_deadline);
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed - 1);
+    o_wake := v_freed - 1;
 END
 $$;
 
--- queue_claim with p_channel (required, so a call of the version-2 signature never matches
--- this one): the version-2 function, then the waiter it registered (if it found nothing)
--- records the channel. Both in one transaction, under the queue row's lock that the inner
--- call took, so no wake-up can come between the two.
 CREATE FUNCTION __SCHEMA__.queue_claim(
     p_name text, p_receipt text, p_visibility double precision, p_concurrency integer,
     p_max_attempts integer, p_waiter text, p_now timestamptz, p_channel text,
+    OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
+    OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
+    OUT o_now double precision, OUT o_retry_after double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint;
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_wake integer;
+BEGIN
+    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
+    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    IF v_qid IS NULL THEN
+        v_qid := __SCHEMA__._queue_id(p_name);
+    END IF;
+    o_now := extract(epoch FROM v_now);
+    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+           c.o_deadline, c.o_retry_after, c.o_wake
+    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+         o_retry_after, v_wake
+    FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
+                                 p_max_attempts, p_waiter, v_now, p_channel) c;
+    IF v_wake > 0 THEN
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, NULL);
+    END IF;
+END
+$$;
+
+-- queue_machine.ack of (p_id, p_ack_receipt), then queue_machine.claim, at one time in one
+-- transaction (the worker loop: settle a message and take the next in one round trip).
+-- p_waiter must be new (not registered before this call): then the waiters this wakes are
+-- exactly those the ack then the claim would wake (never p_waiter itself: the ack came
+-- before its registration).
+CREATE FUNCTION __SCHEMA__.queue_ack_claim(
+    p_name text, p_id text, p_ack_receipt text, p_receipt text,
+    p_visibility double precision, p_concurrency integer, p_max_attempts integer,
+    p_waiter text, p_now timestamptz, p_channel text,
+    OUT o_acked boolean,
+    OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
+    OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
+    OUT o_now double precision, OUT o_retry_after double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint;
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_first timestamptz;
+    v_wake integer := 0;
+    v_claim_wake integer;
+BEGIN
+    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
+    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    IF v_qid IS NULL THEN
+        v_qid := __SCHEMA__._queue_id(p_name);
+    END IF;
+    o_now := extract(epoch FROM v_now);
+    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
+    WHERE m.queue_id = v_qid AND m.state = 1
+    ORDER BY m.deadline
+    LIMIT 1;
+    IF v_first <= v_now THEN
+        v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
+    END IF;
+    DELETE FROM __SCHEMA__.queue_messages m
+    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
+                   WHERE s.queue_id = v_qid AND s.id = p_id)
+      AND m.state = 1 AND m.receipt = p_ack_receipt AND m.deadline > v_now;
+    o_acked := FOUND;
+    IF o_acked THEN
+        v_wake := v_wake + 1;
+    END IF;
+    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+           c.o_deadline, c.o_retry_after, c.o_wake
+    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+         o_retry_after, v_claim_wake
+    FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
+                                 p_max_attempts, p_waiter, v_now, p_channel) c;
+    v_wake := v_wake + greatest(v_claim_wake, 0);
+    IF v_wake > 0 THEN
+        -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does
+        -- while consumers keep up: the call is spared).
+        PERFORM pg_advisory_xact_lock_shared(__SCHEMA__._queue_lock_key(v_qid, 3));
+        IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = v_qid) THEN
+            PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, p_waiter);
+        END IF;
+    END IF;
+END
+$$;
+
+-- The version-2 signature (no channel: woken on the schema's channel), kept for clients of
+-- an older release during an upgrade.
+CREATE FUNCTION __SCHEMA__.queue_claim(
+    p_name text, p_receipt text, p_visibility double precision, p_concurrency integer,
+    p_max_attempts integer, p_waiter text, p_now timestamptz DEFAULT NULL,
     OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
     OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
     OUT o_now double precision, OUT o_retry_after double precision)
@@ -1368,16 +1518,12 @@ BEGIN
     INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline, o_now,
          o_retry_after
     FROM __SCHEMA__.queue_claim(p_name, p_receipt, p_visibility, p_concurrency,
-                                p_max_attempts, p_waiter, p_now) c;
-    IF NOT o_found AND p_waiter IS NOT NULL AND p_channel IS NOT NULL THEN
-        UPDATE __SCHEMA__.queue_waiters w SET channel = p_channel
-        FROM __SCHEMA__.queues q
-        WHERE q.key = sha256(convert_to(p_name, 'UTF8')) AND w.queue_id = q.id
-          AND w.waiter = p_waiter;
-    END IF;
+                                p_max_attempts, p_waiter, p_now, NULL::text) c;
 END
 $$;
 
+-- ack, nack and extend find the message by its id (the unique index), then act only if it
+-- is in flight with this receipt and its deadline has not passed.
 CREATE FUNCTION __SCHEMA__.queue_ack(
     p_name text, p_id text, p_receipt text, p_now timestamptz DEFAULT NULL)
 RETURNS boolean
@@ -1385,18 +1531,41 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_first timestamptz;
+    v_wake integer := 0;
+    v_acked boolean;
 BEGIN
-    DELETE FROM __SCHEMA__.queue_messages m
-    WHERE m.queue_id = v_qid AND m.id = p_id AND m.state = 1 AND m.receipt = p_receipt;
-    IF FOUND THEN
-        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1);
-        RETURN true;
+    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
+    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    IF v_qid IS NULL THEN
+        v_qid := __SCHEMA__._queue_id(p_name);
     END IF;
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
-    RETURN false;
+    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
+    WHERE m.queue_id = v_qid AND m.state = 1
+    ORDER BY m.deadline
+    LIMIT 1;
+    IF v_first <= v_now THEN
+        v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
+    END IF;
+    DELETE FROM __SCHEMA__.queue_messages m
+    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
+                   WHERE s.queue_id = v_qid AND s.id = p_id)
+      AND m.state = 1 AND m.receipt = p_receipt AND m.deadline > v_now;
+    v_acked := FOUND;
+    IF v_acked THEN
+        v_wake := v_wake + 1;
+    END IF;
+    IF v_wake > 0 THEN
+        -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does
+        -- while consumers keep up: the call is spared).
+        PERFORM pg_advisory_xact_lock_shared(__SCHEMA__._queue_lock_key(v_qid, 3));
+        IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = v_qid) THEN
+            PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, NULL);
+        END IF;
+    END IF;
+    RETURN v_acked;
 END
 $$;
 
@@ -1408,7 +1577,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_qid bigint := __SCHEMA__._queue_id(p_name);
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
 BEGIN
@@ -1418,12 +1587,14 @@ BEGIN
         died_at = CASE WHEN m.attempts >= m.max_attempts THEN v_now ELSE m.died_at END,
         available_at = CASE WHEN m.attempts >= m.max_attempts THEN m.available_at
                             ELSE v_now + p_delay * interval '1 second' END
-    WHERE m.queue_id = v_qid AND m.id = p_id AND m.state = 1 AND m.receipt = p_receipt;
+    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
+                   WHERE s.queue_id = v_qid AND s.id = p_id)
+      AND m.state = 1 AND m.receipt = p_receipt AND m.deadline > v_now;
     IF FOUND THEN
-        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1);
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + 1, v_now, NULL);
         RETURN true;
     END IF;
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed, v_now, NULL);
     RETURN false;
 END
 $$;
@@ -1436,16 +1607,18 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_qid bigint := __SCHEMA__._queue_id(p_name);
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
     v_deadline timestamptz := v_now + p_seconds * interval '1 second';
     v_count integer;
 BEGIN
     UPDATE __SCHEMA__.queue_messages m SET deadline = v_deadline
-    WHERE m.queue_id = v_qid AND m.id = p_id AND m.state = 1 AND m.receipt = p_receipt;
+    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
+                   WHERE s.queue_id = v_qid AND s.id = p_id)
+      AND m.state = 1 AND m.receipt = p_receipt AND m.deadline > v_now;
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed, v_now, NULL);
     IF v_count > 0 THEN
         RETURN extract(epoch FROM v_deadline);
     END IF;
@@ -1462,7 +1635,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_qid bigint := __SCHEMA__._queue_id(p_name);
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
 BEGIN
@@ -1480,7 +1653,7 @@ BEGIN
     FROM (SELECT m.key, count(*) AS n FROM __SCHEMA__.queue_messages m
           WHERE m.queue_id = v_qid AND m.state < 2 AND m.key IS NOT NULL
           GROUP BY m.key ORDER BY n DESC, m.key LIMIT p_top) d;
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed, v_now, NULL);
 END
 $$;
 
@@ -1492,11 +1665,11 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
+    v_qid bigint := __SCHEMA__._queue_id(p_name);
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
 BEGIN
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed, v_now, NULL);
     RETURN QUERY
     SELECT m.id, m.key, m.body, m.kind, m.attempts, extract(epoch FROM m.enqueued_at)::float8,
            extract(epoch FROM m.died_at)::float8, m.error
@@ -1507,7 +1680,7 @@ END
 $$;
 
 -- queue_machine.requeue: dead letters (p_ids, or all when NULL) back at the end of the queue
--- (a new seq), due now, attempts reset, enqueued_at kept.
+-- (a new seq: under the put lock), due now, attempts reset, enqueued_at kept.
 CREATE FUNCTION __SCHEMA__.queue_requeue(
     p_name text, p_ids text[], p_now timestamptz DEFAULT NULL)
 RETURNS integer
@@ -1515,11 +1688,14 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_qid bigint := __SCHEMA__._queue_id(p_name);
+    v_now timestamptz;
+    v_freed integer;
     v_count integer;
 BEGIN
+    PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(v_qid, 1));
+    v_now := coalesce(p_now, clock_timestamp());
+    v_freed := __SCHEMA__._queue_purge(v_qid, v_now);
     WITH gone AS (
         DELETE FROM __SCHEMA__.queue_messages m
         WHERE m.queue_id = v_qid AND m.state = 2 AND (p_ids IS NULL OR m.id = ANY (p_ids))
@@ -1529,7 +1705,7 @@ BEGIN
     SELECT v_qid, g.id, g.key, g.body, g.kind, g.enqueued_at, v_now, 0, g.max_attempts, 0
     FROM gone g ORDER BY g.seq;
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + v_count);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed + v_count, v_now, NULL);
     RETURN v_count;
 END
 $$;
@@ -1541,15 +1717,20 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_qid bigint := __SCHEMA__._queue_lock(p_name);
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_freed integer := __SCHEMA__._queue_purge(v_qid, v_now);
+    v_qid bigint := __SCHEMA__._queue_id(p_name);
+    v_now timestamptz;
+    v_freed integer;
     v_count integer;
 BEGIN
+    -- The put lock too: a requeue and a purge of the same dead letters never wait for each
+    -- other's rows in opposite orders.
+    PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(v_qid, 1));
+    v_now := coalesce(p_now, clock_timestamp());
+    v_freed := __SCHEMA__._queue_purge(v_qid, v_now);
     DELETE FROM __SCHEMA__.queue_messages m
     WHERE m.queue_id = v_qid AND m.state = 2 AND (p_ids IS NULL OR m.id = ANY (p_ids));
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed);
+    PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_freed, v_now, NULL);
     RETURN v_count;
 END
 $$;
