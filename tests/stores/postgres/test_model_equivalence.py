@@ -215,10 +215,13 @@ class Reference:
         return sorted(live)[:max_count]
 
 
+@pytest.mark.parametrize("prepare", ["off", "on"])
 @pytest.mark.parametrize("seed", range(6))
-def test_sql_functions_follow_the_model(pg_url: str, seed: int) -> None:
+def test_sql_functions_follow_the_model(pg_url: str, seed: int, prepare: str) -> None:
+    """prepare=on: acquire and release as the plain statements of queries.sql (their fast
+    paths inline, the functions called when those do not apply)."""
     rng = random.Random(seed)
-    client = turnstile.connect(pg_url)
+    client = turnstile.connect(f"{pg_url}{'&' if '?' in pg_url else '?'}prepare={prepare}")
     backend: Any = client.backend
     clock = [T0]
     backend.clock_override = lambda: clock[0]

@@ -69,11 +69,16 @@ def _load(client: turnstile.Client, seconds: float, tokens: list[int]) -> None:
     assert len(set(tokens)) == len(tokens), "a token was issued twice"
 
 
-def test_a_crash_forgets_only_unflushed_grants_and_their_holders_learn_it() -> None:
+@pytest.mark.parametrize("prepare", ["off", "on"])
+def test_a_crash_forgets_only_unflushed_grants_and_their_holders_learn_it(prepare: str) -> None:
+    """prepare=on: acquire and release are the plain statements, relaxed by a set_config in
+    the statement itself rather than the wrapping query."""
     cluster = Cluster({"checkpoint_timeout": "1h"})
     walwriter_stopped = False
     try:
-        url = schema_url(cluster.url, unique(), retry_timeout="60", durability="relaxed")
+        url = schema_url(
+            cluster.url, unique(), retry_timeout="60", durability="relaxed", prepare=prepare
+        )
         client = turnstile.connect(url)
         assert client.characteristics.durable is False
         assert "durability=relaxed" in client.characteristics.description

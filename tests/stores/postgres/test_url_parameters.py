@@ -25,6 +25,7 @@ def test_defaults_and_pass_through() -> None:
     c = parse("postgres://u:pw@h:5433/db?sslmode=require")
     assert c.schema == "turnstile" and (c.pool_min, c.pool_max) == (1, 10)
     assert c.retry_timeout == pg.DEFAULT_RETRY_TIMEOUT
+    assert not c.prepare and c.statement("acquire") == c.query("acquire")
     assert c.conninfo.startswith("postgres://u:pw@h:5433/db?")
     assert query(c.conninfo) == {
         "sslmode": "require", "connect_timeout": "5", "application_name": "turnstile"
@@ -53,6 +54,21 @@ def test_spaces_reach_libpq_percent_encoded() -> None:
     assert "+" not in raw
     assert "options=-c%20track_functions%3Dall" in raw
     assert query(c.conninfo)["application_name"] == "my app"
+
+
+def test_prepare_option() -> None:
+    """prepare=on: server-side prepared statements, and acquire and release sent as the plain
+    statements (their relaxed form sets synchronous_commit in the statement itself)."""
+    c = parse("postgresql://h/db?prepare=on")
+    assert c.prepare and "prepare" not in query(c.conninfo)
+    assert c.statement("acquire") == c.query("acquire_fast")
+    assert c.statement("release") == c.query("release_fast")
+    assert c.statement("renew") == c.query("renew")
+    assert "set_config" not in c.statement("acquire")
+    relaxed = parse("postgresql://h/db?prepare=on&durability=relaxed")
+    for op in ("acquire", "release"):
+        assert "set_config('synchronous_commit', 'off', true)" in relaxed.statement(op)
+        assert pg.RELAXED_MARK not in relaxed.statement(op)
 
 
 def test_listen_options() -> None:
@@ -97,6 +113,7 @@ def test_channels_and_keys() -> None:
         "listen=sometimes",
         "listen_url=http://x",
         "schema=a&schema=b",
+        "prepare=yes",
     ],
 )
 def test_bad_parameters(params: str) -> None:

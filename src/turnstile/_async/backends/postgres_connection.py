@@ -58,8 +58,8 @@ class AsyncPostgresConnection:
         return self._queues
 
     def query(self, name: str) -> str:
-        """A named query of ``queries.sql``, for this schema."""
-        return self.config.query(name)
+        """The statement of operation ``name`` (``queries.sql``), for this schema."""
+        return self.config.statement(name)
 
     async def check_fork(self) -> None:
         """In a forked child, before the first use: a pool and a LISTEN connection of its
@@ -170,7 +170,9 @@ def new_pool(config: pg.PostgresConfig) -> AsyncConnectionPool[Any]:
         config.conninfo,
         min_size=config.pool_min,
         max_size=config.pool_max,
-        kwargs={"autocommit": True, "prepare_threshold": None},
+        # prepare=on: every statement prepared on its first use on a connection (0);
+        # off: never (None), as a transaction pooler needs.
+        kwargs={"autocommit": True, "prepare_threshold": 0 if config.prepare else None},
         open=False,
         name="turnstile",
         timeout=config.connect_timeout,

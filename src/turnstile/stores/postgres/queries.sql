@@ -2,7 +2,7 @@
 -- text up to the next block is the query. __SCHEMA__ is replaced by the quoted schema name.
 -- Parameters are passed as data (%(param)s), never spliced in. Each query is one statement,
 -- run in autocommit mode: one transaction, no session state (works through PgBouncer in
--- transaction mode).
+-- transaction mode; with prepare=on, only one that supports prepared statements).
 
 -- name: acquire
 SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after, wait_id
@@ -14,6 +14,65 @@ FROM __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
 -- name: release
 SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
                           %(now)s::timestamptz)
+
+-- name: acquire_fast
+-- With prepare=on (planned once per connection): acquire as one plain statement (schema
+-- version 12), acquire's fastest path inline: on an idle name, one UPDATE of its row grants
+-- the caller there (a fast grant; the clock read once for the token and the times, again
+-- if the UPDATE waited for a change of the row); on a busy one (the UPDATE changed nothing)
+-- the acquire function, the full state machine. __RELAXED__: "true", or with
+-- durability=relaxed the set_config that lets this transaction commit without waiting for
+-- the disk (a filter on the one row returned, so evaluated once).
+WITH fast AS (
+    UPDATE __SCHEMA__.names n
+    SET (last_token, h_acquired, h_expires) = (
+            SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
+            FROM (SELECT greatest(n.last_token + 1,
+                                  floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
+                         k.t
+                  FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c),
+        lim = %(limit)s::integer, per_key = %(per_key)s::integer, busy = true,
+        h_holder = %(holder)s::text, h_key = %(key)s::text
+    WHERE n.key = sha256(convert_to(%(name)s::text, 'UTF8')) AND NOT n.busy
+    RETURNING n.last_token, n.h_acquired, n.h_expires)
+SELECT r.granted, r.token, r.acquired_at, r.expires_at, r.queue_position, r.now, r.retry_after,
+       r.wait_id
+FROM (SELECT true AS granted, f.last_token AS token,
+             extract(epoch FROM f.h_acquired)::float8 AS acquired_at,
+             extract(epoch FROM f.h_expires)::float8 AS expires_at,
+             NULL::integer AS queue_position, extract(epoch FROM f.h_acquired)::float8 AS now,
+             NULL::float8 AS retry_after, NULL::bigint AS wait_id
+      FROM fast f
+      UNION ALL
+      SELECT a.granted, a.token, a.acquired_at, a.expires_at, a.queue_position, a.now,
+             a.retry_after, a.wait_id
+      FROM __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
+                              %(ttl)s::float8, %(wait_ttl)s::float8, %(enqueue)s::boolean,
+                              %(now)s::timestamptz, %(channel)s::text, %(wake)s::text,
+                              %(lead)s::bigint, %(key)s::text, %(per_key)s::integer) a
+      WHERE NOT EXISTS (SELECT 1 FROM fast)) r
+WHERE __RELAXED__
+
+-- name: release_fast
+-- With prepare=on: release as one plain statement (schema version 12), release's fastest
+-- path inline: when the caller is the name's fast holder (so nobody else holds or waits),
+-- one UPDATE of its row frees the name (released: the lease had not expired); otherwise the
+-- release function. The check is on the row the UPDATE locks,
+-- made again on its newest version if it waited for the lock. __RELAXED__: see acquire.
+WITH fast AS (
+    UPDATE __SCHEMA__.names n
+    SET busy = false, h_holder = NULL,
+        idle_since = coalesce(n.idle_since, coalesce(%(now)s::timestamptz, clock_timestamp()))
+    WHERE n.key = sha256(convert_to(%(name)s::text, 'UTF8'))
+      AND n.h_holder = %(holder)s::text AND n.last_token = %(token)s::bigint
+    RETURNING n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp()) AS released)
+SELECT r.released
+FROM (SELECT f.released FROM fast f
+      UNION ALL
+      SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
+                                %(now)s::timestamptz)
+      WHERE NOT EXISTS (SELECT 1 FROM fast)) r
+WHERE __RELAXED__
 
 -- name: renew
 SELECT renewed, acquired_at, expires_at

@@ -59,6 +59,7 @@ TURNSTILE_PARAMS = (
     "listen_url",
     "retry_timeout",
     "durability",
+    "prepare",
 )
 DURABILITIES = ("durable", "relaxed")
 # The lock and semaphore operations that commit a change: with durability=relaxed they do
@@ -73,7 +74,14 @@ DURABILITIES = ("durable", "relaxed")
 # steps that commit (rate_acquire, rate_leave) are relaxed too: an admission a crash forgot
 # only goes uncounted (the next ones may come that much sooner), as a relaxed grant may be
 # forgotten; rate_status writes nothing.
-RELAXABLE = frozenset({"acquire", "release", "renew", "set_limit", "rate_acquire", "rate_leave"})
+RELAXABLE = frozenset(
+    {"acquire", "release", "acquire_fast", "release_fast", "renew", "set_limit", "rate_acquire",
+     "rate_leave"}
+)
+# Where a statement that cannot be wrapped in the "relaxed" query puts the setting: a filter
+# on the one row it returns, so it is evaluated exactly once, in the statement's transaction.
+RELAXED_MARK = "__RELAXED__"
+RELAXED_FILTER = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
 
 _SIMPLE_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 
@@ -233,6 +241,12 @@ class PostgresConfig:
     # "durable" (every commit waits for its WAL on disk) or "relaxed" (lock, semaphore and
     # rate-limit commits do not: see docs/postgres.md, "Durability")
     durability: str = "durable"
+    # Server-side prepared statements (prepare=on): each pooled connection parses and plans
+    # each statement once, and acquire and release are sent as plain statements
+    # (queries.sql, acquire_fast and release_fast). Off by default: a transaction pooler
+    # without prepared-statement support (PgBouncer before 1.21, or max_prepared_statements
+    # = 0) would run a statement prepared on another server connection.
+    prepare: bool = False
 
     @property
     def channel(self) -> str:
@@ -242,9 +256,21 @@ class PostgresConfig:
     def relaxed(self) -> bool:
         return self.durability == "relaxed"
 
+    def statement(self, name: str) -> str:
+        """The query the backends send for operation ``name``: with prepare=on, acquire and
+        release as plain statements (``acquire_fast``, ``release_fast``)."""
+        if self.prepare and f"{name}_fast" in QUERIES:
+            return self.query(f"{name}_fast")
+        return self.query(name)
+
     def query(self, name: str) -> str:
         text = QUERIES[name]
-        if self.relaxed and name in RELAXABLE:
+        if RELAXED_MARK in text:
+            # A statement with a data-modifying WITH (acquire, release) cannot be wrapped:
+            # it says where the relaxed setting goes.
+            relaxed = self.relaxed and name in RELAXABLE
+            text = text.replace(RELAXED_MARK, RELAXED_FILTER if relaxed else "true")
+        elif self.relaxed and name in RELAXABLE:
             text = QUERIES["relaxed"].replace("__QUERY__", text)
         return render(text, self.schema)
 
@@ -290,7 +316,9 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
     with a backoff) and ``listen_url`` (a separate URL for the LISTEN connection, e.g. a
     direct or session-mode one when the main URL is a transaction pooler). Everything else
     is passed to libpq unchanged. ``durability=relaxed`` lets lock, semaphore and rate-limit
-    operations commit without waiting for the disk (see docs/postgres.md, "Durability")."""
+    operations commit without waiting for the disk (see docs/postgres.md, "Durability").
+    ``prepare=on`` uses server-side prepared statements (not through a transaction pooler
+    that lacks support for them; see docs/postgres.md, "Connection pooling")."""
     display = redact(url)
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
@@ -347,6 +375,11 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
             f"URL parameter durability={ours['durability']!r} must be 'durable' (the default) "
             "or 'relaxed'"
         )
+    prepare = ours.get("prepare", "off").lower()
+    if prepare not in ("on", "off"):
+        raise ConfigurationError(
+            f"URL parameter prepare={ours['prepare']!r} must be 'on' or 'off' (the default)"
+        )
     listen = ours.get("listen", "on").lower()
     if listen not in ("on", "off"):
         raise ConfigurationError(f"URL parameter listen={listen!r} must be 'on' or 'off'")
@@ -386,6 +419,7 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
         display=display,
         secrets=secrets,
         durability=durability,
+        prepare=prepare == "on",
     )
 
 

@@ -1,0 +1,223 @@
+"""Fast grants on PostgreSQL (schema version 12): a grant of an idle name kept in the name's
+row, freed by its holder's release from that row alone, moved into holders by every other
+step. Migrating a populated version-10 schema keeps every lease and place; a client of the
+previous release (its calls of the functions) sees fast grants as holders; an idle name is
+still forgotten after a day, never before. (The state machine, fast grants included, is held
+to lock_machine.py by test_model_equivalence.py, with and without prepare=on.)"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+import turnstile
+from turnstile.stores.postgres import sql as pg
+
+from ._util import schema_url, unique
+from .test_groups_pg import _migrate_to
+
+pytestmark = pytest.mark.postgres
+
+LONG = 600.0
+
+
+def _row(conn: psycopg.Connection[Any], schema: str, name: str) -> Any:
+    return conn.execute(
+        f"SELECT busy, h_holder, last_token, idle_since FROM {pg.quote_ident(schema)}.names"
+        " WHERE name = %s",
+        (name,),
+    ).fetchone()
+
+
+def _holders(conn: psycopg.Connection[Any], schema: str, name: str) -> list[str]:
+    ident = pg.quote_ident(schema)
+    return [
+        r[0]
+        for r in conn.execute(
+            f"SELECT h.holder FROM {ident}.holders h JOIN {ident}.names n ON n.id = h.name_id"
+            " WHERE n.name = %s ORDER BY h.token",
+            (name,),
+        )
+    ]
+
+
+@pytest.mark.parametrize("prepare", ["off", "on"])
+def test_migration_12_keeps_a_populated_version_10_schema(pg_server: str, prepare: str) -> None:
+    uid = unique()
+    schema = f"tt_{uid}"
+    ident = pg.quote_ident(schema)
+    call = (
+        f"SELECT granted, token FROM {ident}.acquire(%s, %s, 1, {LONG}, {LONG}, true, NULL,"
+        " '', NULL)"
+    )
+    try:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            _migrate_to(conn, schema, 10)
+            # Version 10: a lock held with one waiter, and a name used and idle again.
+            held = conn.execute(call, ("busy", "h")).fetchone()
+            assert conn.execute(call, ("busy", "w")).fetchone() == (False, None)
+            idle = conn.execute(call, ("idle", "a")).fetchone()
+            assert held is not None and idle is not None
+            conn.execute(f"SELECT {ident}.release('idle', 'a', %s)", (idle[1],))
+        client = turnstile.connect(schema_url(pg_server, uid, prepare=prepare))
+        try:
+            backend: Any = client.backend
+            with psycopg.connect(pg_server, autocommit=True) as conn:
+                assert _row(conn, schema, "busy")[0] is True
+                assert _row(conn, schema, "idle")[0] is False
+            # The line goes on as before: the release hands over to the waiter.
+            assert backend.release("busy", "h", held[1])
+            assert [h.holder for h in client.status("busy").holders] == ["w"]
+            # The idle name is granted fast, with a token above its last one.
+            lease = client.lock("idle", ttl=LONG).acquire(holder="b")
+            assert lease.token > idle[1]
+            with psycopg.connect(pg_server, autocommit=True) as conn:
+                assert _row(conn, schema, "idle")[:2] == (True, "b")
+                assert _holders(conn, schema, "idle") == []
+            assert [h.holder for h in client.status("idle").holders] == ["b"]
+            assert lease.release()
+            with psycopg.connect(pg_server, autocommit=True) as conn:
+                busy, fast, _, since = _row(conn, schema, "idle")
+                assert (busy, fast) == (False, None) and since is not None
+        finally:
+            client.close()
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {ident} CASCADE")
+
+
+@pytest.mark.parametrize("prepare", ["off", "on"])
+def test_a_fast_grant_moves_into_holders_when_anything_else_happens(
+    pg_url: str, prepare: str
+) -> None:
+    client = turnstile.connect(f"{pg_url}&prepare={prepare}")
+    backend: Any = client.backend
+    schema = backend.config.schema
+    ident = pg.quote_ident(schema)
+    try:
+        # A name's first grant makes its row (the function); the next ones, idle, are fast.
+        for name in "abcde":
+            g = backend.acquire(name, "w", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert backend.release(name, "w", g.grant.token)
+        with psycopg.connect(backend.config.conninfo, autocommit=True) as conn:
+            # A waiter joining: the fast grant moves into holders, the line forms behind it,
+            # and the holder's release hands over (through the function).
+            first = backend.acquire("a", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert first.grant is not None and _row(conn, schema, "a")[1] == "h1"
+            second = backend.acquire("a", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert second.grant is None and second.position == 0
+            assert _row(conn, schema, "a")[1] is None
+            assert _holders(conn, schema, "a") == ["h1"]
+            assert backend.release("a", "h1", first.grant.token)
+            assert [h.holder for h in client.status("a").holders] == ["h2"]
+
+            # A renewal moves it too (the lease goes on, renewed); then the release frees it.
+            lease = client.lock("b", ttl=LONG).acquire(holder="r")
+            assert _row(conn, schema, "b")[1] == "r"
+            lease.renew()
+            assert _row(conn, schema, "b")[1] is None and _holders(conn, schema, "b") == ["r"]
+            assert lease.release() and _row(conn, schema, "b")[0] is False
+
+            # set_limit of a semaphore held fast: the grant kept, the next one granted.
+            sem = client.semaphore("c", 1, ttl=LONG)
+            one = sem.acquire(holder="s1")
+            assert _row(conn, schema, "c")[1] == "s1"
+            assert backend.set_limit("c", 2) == 1
+            two = client.semaphore("c", 2, ttl=LONG).acquire(holder="s2", timeout=0)
+            assert [h.holder for h in client.status("c").holders] == ["s1", "s2"]
+            assert one.release() and two.release()
+
+            # A client of the previous release: its release() frees a fast grant, status() and
+            # names_in_use() show one.
+            fast = backend.acquire("d", "o", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert fast.grant is not None
+            old_status = conn.execute(f"SELECT holders::text FROM {ident}.status('d')").fetchone()
+            assert old_status is not None and '"o"' in old_status[0]
+            names = [r[0] for r in conn.execute(f"SELECT * FROM {ident}.names_in_use('', 10)")]
+            assert "d" in names
+            released = conn.execute(
+                f"SELECT {ident}.release('d', 'o', %s)", (fast.grant.token,)
+            ).fetchone()
+            assert released == (True,) and _row(conn, schema, "d")[:2] == (False, None)
+
+            # A release with a stale token or another holder's name releases nothing (the
+            # function, which moves the fast grant into holders); the holder's own does.
+            fast = backend.acquire("e", "x", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert fast.grant is not None
+            assert not backend.release("e", "x", fast.grant.token - 1)
+            assert not backend.release("e", "y", fast.grant.token)
+            assert [(h.holder, h.token) for h in client.status("e").holders] == [
+                ("x", fast.grant.token)
+            ]
+            assert backend.release("e", "x", fast.grant.token)
+            assert _row(conn, schema, "e")[0] is False and client.status("e").holders == ()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("prepare", ["off", "on"])
+def test_an_expired_fast_grant_is_taken_over_with_a_larger_token(
+    pg_url: str, prepare: str
+) -> None:
+    client = turnstile.connect(f"{pg_url}&prepare={prepare}")
+    backend: Any = client.backend
+    clock = [1_900_000_000.0]
+    backend.clock_override = lambda: clock[0]
+    try:
+        for name in "nm":
+            g = backend.acquire(name, "w", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+            assert backend.release(name, "w", g.grant.token)
+        old = backend.acquire("n", "old", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+        assert old.grant is not None
+        clock[0] += 11.0
+        new = backend.acquire("n", "new", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+        assert new.grant is not None and new.grant.token > old.grant.token
+        assert not backend.release("n", "old", old.grant.token)  # expired, then taken over
+        assert [h.holder for h in client.status("n").holders] == ["new"]
+        # An expired fast grant released by its holder, nobody else having come: freed, and
+        # reported as not released (it had expired).
+        clock[0] += 1.0
+        assert backend.release("n", "new", new.grant.token)
+        lone = backend.acquire("m", "l", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+        assert lone.grant is not None
+        clock[0] += 11.0
+        assert not backend.release("m", "l", lone.grant.token)
+        assert client.status("m").holders == ()
+        again = backend.acquire("m", "l2", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+        assert again.grant is not None and again.grant.token > lone.grant.token
+    finally:
+        client.close()
+
+
+def test_idle_names_are_forgotten_after_a_day_only(pg_url: str) -> None:
+    """A name idle with no grant for a day is forgotten when new names are made; one whose
+    idle_since hint is old but which was granted (fast) recently is kept, and moved out of
+    the forgetter's way."""
+    client = turnstile.connect(pg_url)
+    backend: Any = client.backend
+    schema = backend.config.schema
+    day = 86400.0
+    clock = [1_900_000_000.0]
+    backend.clock_override = lambda: clock[0]
+    try:
+        for name in ("old", "used"):
+            g = backend.acquire(name, "h", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+            assert backend.release(name, "h", g.grant.token)
+        clock[0] += 2 * day
+        g = backend.acquire("used", "h", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+        assert backend.release("used", "h", g.grant.token)  # fast both ways: hint unchanged
+        with psycopg.connect(backend.config.conninfo, autocommit=True) as conn:
+            hint = _row(conn, schema, "used")[3]
+            assert hint.timestamp() == pytest.approx(clock[0] - 2 * day, abs=1)
+        backend.acquire("fresh", "h", limit=1, ttl=10.0, wait_ttl=10.0, enqueue=True)
+        with psycopg.connect(backend.config.conninfo, autocommit=True) as conn:
+            assert _row(conn, schema, "old") is None  # forgotten
+            busy, _, token, hint = _row(conn, schema, "used")
+            assert busy is False and token == g.grant.token  # kept
+            # its hint moved to its last grant, out of the forgetter's way for a day
+            assert hint == datetime.datetime.fromtimestamp(token / 1e6, tz=datetime.UTC)
+    finally:
+        client.close()
