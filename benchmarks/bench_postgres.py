@@ -329,7 +329,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "no WAL, no commit to flush. Each Turnstile acquire and release is a committed, "
         "durable transaction, so it pays a WAL flush per call with `synchronous_commit = "
         "on`, as the naive row does. On an idle name each is one UPDATE of the name's row "
-        "(schema version 11: the grant kept in the row, a HOT update, the fencing counter "
+        "(schema version 12: the grant kept in the row, a HOT update, the fencing counter "
         "written with it), inside a PL/pgSQL function call (with `prepare=on`, one plain "
         "prepared statement that calls the function only when the name is busy); what "
         "remains is the client's own work per call (the pool, the waiter armed before the "
