@@ -14,19 +14,16 @@ do
   local name, holder, limit, ttl = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
   if (ARGV[8] or '') == '' and (ARGV[10] or '') == '' then
     local d = KEYS[1]
-    -- load()'s fields (_lib.lua)
-    local r = redis.call('HMGET', d, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                         'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
+    local r = read_name(holder) -- fields as load() in _lib.lua names them
     PRELOAD = r
     local last, seq = r[3] or '0', r[4] or '0'
     if r[10] == last .. ' ' .. seq .. ' 0' and r[1] == name and not r[6] and not r[9]
         and not r[7] and not r[8] then
-      local t = redis.call('TIME')
-      local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      local token = string.format('%d', math.max(tonumber(last) + 1, now))
+      local now = server_us()
+      local token = fmt(math.max(tonumber(last) + 1, now))
       local expires = now + ttl
-      local fe = string.format('%d', expires)
-      local fields = {'h:' .. holder, token .. ' ' .. string.format('%d', now) .. ' ' .. fe .. ' 1',
+      local fe = fmt(expires)
+      local fields = {'h:' .. holder, token .. ' ' .. fmt(now) .. ' ' .. fe .. ' 1',
                       '=last', token, '=fast', token .. ' ' .. seq .. ' 1',
                       '=due', fe .. ' ' .. token .. ' ' .. seq}
       if r[2] ~= limit then
@@ -35,16 +32,14 @@ do
       end
       -- As finish() in _lib.lua: D's expiry moves SLACK_US ahead at a time; HX was empty
       -- (so Redis had dropped it) and is made again here, so it gets its expiry now.
-      local covered = tonumber(r[5] or '0')
-      local move = expires > covered
+      local covered, move = coverage(tonumber(r[5] or '0'), expires)
       if move then
-        covered = expires + 300 * 1000000
         table.insert(fields, '=exp')
-        table.insert(fields, string.format('%d', covered))
+        table.insert(fields, fmt(covered))
       end
       redis.call('HSET', d, unpack(fields))
       redis.call('ZADD', KEYS[2], fe, holder)
-      local at = string.format('%d', math.floor((covered + 3600 * 1000000) / 1000) + 2)
+      local at = expiry_at(covered)
       redis.call('PEXPIREAT', KEYS[2], at)
       if move then redis.call('PEXPIREAT', d, at) end
       return {1, token, now, expires, now, -1, -1, ''}

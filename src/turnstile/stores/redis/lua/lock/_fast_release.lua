@@ -8,17 +8,13 @@ do
   local holder, token = ARGV[2], ARGV[3]
   if token ~= '' then
     local d = KEYS[1]
-    -- load()'s fields (_lib.lua)
-    local r = redis.call('HMGET', d, '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                         'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
+    local r = read_name(holder) -- fields as load() in _lib.lua names them
     PRELOAD = r
     local last, seq = r[3] or '0', r[4] or '0'
     if r[10] == last .. ' ' .. seq .. ' 1' and not r[6] and r[7] then
       local mine, expires = string.match(r[7], '^(%d+) %d+ (%d+) [01]$')
       if mine == token then
-        local t = redis.call('TIME')
-        local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        if tonumber(expires) > now then
+        if tonumber(expires) > server_us() then
           redis.call('HDEL', d, 'h:' .. holder)
           redis.call('ZREM', KEYS[2], holder)
           redis.call('HSET', d, '=fast', last .. ' ' .. seq .. ' 0')

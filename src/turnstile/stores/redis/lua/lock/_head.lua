@@ -1,4 +1,41 @@
--- Declared ahead of everything else in a lock script: what a fast path (_fast_*.lua) that
--- fell through already read of the name (the HMGET load() in _lib.lua would send), so the
--- library does not read it again.
+-- Declared ahead of everything else in a lock script, for the fast paths (_fast_*.lua) and
+-- the library (_lib.lua) alike: a fast path runs before the library is built, and both read
+-- the name's record, the server clock and the keys' expiry the same way.
+
+-- What a fast path that fell through already read of the name (read_name()), so the
+-- library's load() does not read it again.
 local PRELOAD = false
+-- Every key expires by itself KEEP_US after the latest entry in it (the token counter must
+-- outlive the name's leases); "=exp", how far the keys' expiry already reaches, moves
+-- SLACK_US ahead at a time, so a busy name's keys are not given a new expiry on every step.
+local KEEP_US = 3600 * 1000000
+local SLACK_US = 300 * 1000000
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The server clock (TIME) in integer microseconds.
+local function server_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- The name's record as a step first reads it, for `holder` (one HMGET; load() in _lib.lua
+-- names each field).
+local function read_name(holder)
+  return redis.call('HMGET', KEYS[1], '=name', '=limit', '=last', '=seq', '=exp', '=cb',
+                    'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
+end
+
+-- How far the keys' expiry must reach once an entry expiring at `newest` is written, when it
+-- reaches `exp` now: `exp`, or SLACK_US past `newest` if that is later; and whether it moved.
+local function coverage(exp, newest)
+  if newest > exp then return newest + SLACK_US, true end
+  return exp, false
+end
+
+-- The PEXPIREAT time (ms) of keys covered up to `covered` (us).
+local function expiry_at(covered)
+  return fmt(math.floor((covered + KEEP_US) / 1000) + 2)
+end

@@ -49,15 +49,11 @@
 
 local D, HX, WX, WQ, CW, PD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local BASE = ARGV[1]
-local KEEP_US = 3600 * 1000000
 local CHUNK = 1000 -- stay well below Lua's unpack() limit
+-- KEEP_US, SLACK_US, fmt(), server_us(), read_name(), coverage() and expiry_at() are
+-- declared in _head.lua, ahead of the fast paths.
 
-local function fmt(n)
-  return string.format('%d', n)
-end
-
-local t = redis.call('TIME')
-local NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local NOW = server_us()
 
 -- State read at the start of an operation (one HMGET), written back by finish().
 local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
@@ -90,8 +86,7 @@ local FAST = false
 
 local function load(holder)
   -- A fast path that fell through read these already, for this same holder (_head.lua).
-  local r = PRELOAD or redis.call('HMGET', D, '=name', '=limit', '=last', '=seq', '=exp',
-                                  '=cb', 'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
+  local r = PRELOAD or read_name(holder)
   S.name, S.limit = r[1], r[2] and tonumber(r[2])
   S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
   S.cb, S.mine, S.waiting = r[6] and true or false, r[7], r[8]
@@ -499,7 +494,6 @@ end
 -- time up to which the keys' expiry already covers entries; it moves SLACK_US ahead at a time,
 -- so a busy name's D is not given a new expiry on every step. A zset written in this step
 -- may have just been created (Redis drops empty ones), so it is given its expiry every time.
-local SLACK_US = 300 * 1000000
 local function finish()
   if FAST and not S.cb and not S.pk then
     pending['=fast'] = fmt(S.last) .. ' ' .. fmt(S.seq) .. ' ' .. FAST
@@ -508,9 +502,8 @@ local function finish()
     local due = fmt(DUE) .. ' ' .. fmt(S.last) .. ' ' .. fmt(S.seq)
     if due ~= S.due then pending['=due'] = due end
   end
-  local covered = S.exp
-  if newest > covered then
-    covered = newest + SLACK_US
+  local covered, moved = coverage(S.exp, newest)
+  if moved then
     pending['=exp'] = fmt(covered)
     extend[D] = true
   end
@@ -521,7 +514,7 @@ local function finish()
   end
   if #fields > 0 then redis.call('HSET', D, unpack(fields)) end
   if next(extend) ~= nil then
-    local at = fmt(math.floor((covered + KEEP_US) / 1000) + 2)
+    local at = expiry_at(covered)
     for k, _ in pairs(extend) do redis.call('PEXPIREAT', k, at) end
   end
 end
