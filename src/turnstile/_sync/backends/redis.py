@@ -79,6 +79,36 @@ CHARACTERISTICS = Characteristics(
 )
 
 
+def _acquire_args(
+    name: str,
+    holder: str,
+    *,
+    limit: int,
+    ttl: float,
+    wait_ttl: float,
+    enqueue: bool,
+    callback: str,
+    priority: int,
+    ageing: float | None,
+    key: str | None,
+    per_key: int | None,
+) -> list[int | str]:
+    """acquire.lua's ARGV after the key base: ARGV 8 is the callback ("": none), 9 the lead
+    of a new waiting entry (ranking.py), 10 and 11 a semaphore group's per_key and key (sent
+    only for a group)."""
+    return [
+        name,
+        holder,
+        limit,
+        keys.lease_micros(ttl),
+        keys.lease_micros(wait_ttl),
+        1 if enqueue else 0,
+        callback,
+        ranking.lead(priority, ageing),
+        *_group_args(key, per_key),
+    ]
+
+
 def _group_args(key: str | None, per_key: int | None) -> tuple[int | str, ...]:
     """acquire.lua's ARGV 10 and 11 (per_key, key; "" for none), sent only when the caller
     names either: a plain acquire sends what it sent before groups."""
@@ -223,18 +253,20 @@ class RedisBackend:
         key: str | None = None,
         per_key: int | None = None,
     ) -> AcquireResult:
-        # ARGV 8 is the callback ("": none), 9 the lead of a new waiting entry (ranking.py),
-        # 10 and 11 a semaphore group's per_key and key (sent only for a group).
-        step: tuple[int | str, ...] = (
-            limit,
-            keys.lease_micros(ttl),
-            keys.lease_micros(wait_ttl),
-            1 if enqueue else 0,
-            "",
-            ranking.lead(priority, ageing),
-            *_group_args(key, per_key),
+        args = _acquire_args(
+            name,
+            holder,
+            limit=limit,
+            ttl=ttl,
+            wait_ttl=wait_ttl,
+            enqueue=enqueue,
+            callback="",
+            priority=priority,
+            ageing=ageing,
+            key=key,
+            per_key=per_key,
         )
-        reply = self._run("acquire", name, [name, holder, *step])
+        reply = self._run("acquire", name, args)
         result = replies.acquire_result(name, holder, limit, reply, per_key)
         if len(reply) > 8:
             self._notify(name, [replies.notify_score(reply) or ""])
@@ -266,17 +298,20 @@ class RedisBackend:
         # in between and be about to drop the entry: the new score makes it keep it).
         before = int(time.time() * 1_000_000) - NOTIFY_SHIFT_US
         self._notify(name, [str(before)], strict=True)
-        lead = ranking.lead(priority, ageing)
-        step = [
-            limit,
-            keys.lease_micros(ttl),
-            keys.lease_micros(wait_ttl),
-            1,
-            callback,
-            lead,
-            *_group_args(key, per_key),
-        ]
-        reply = self._run("acquire", name, [name, holder, *step])
+        args = _acquire_args(
+            name,
+            holder,
+            limit=limit,
+            ttl=ttl,
+            wait_ttl=wait_ttl,
+            enqueue=True,
+            callback=callback,
+            priority=priority,
+            ageing=ageing,
+            key=key,
+            per_key=per_key,
+        )
+        reply = self._run("acquire", name, args)
         result = replies.acquire_result(name, holder, limit, reply, per_key)
         score = replies.notify_score(reply)
         if score is not None:
