@@ -14,6 +14,7 @@ import math
 import os
 import socket
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,13 @@ class LockAdapter:
 
     def release(self) -> None:
         raise NotImplementedError
+
+    def warm_up(self, name: str) -> None:
+        """Called once on a private ``name`` before the start line: leave the adapter as a
+        worker that has been running for a while leaves it (connections open, scripts
+        loaded, files created). By default one :meth:`acquire` and :meth:`release`."""
+        self.acquire(name)
+        self.release()
 
     def close(self) -> None:
         """Called once when the worker is done (close connections)."""
@@ -94,6 +102,31 @@ class TurnstileLock(LockAdapter):
         log.addHandler(Queued(logging.DEBUG))
         log.setLevel(logging.DEBUG)
         log.propagate = False
+
+    def warm_up(self, name: str) -> None:
+        """An acquire and release, then one wait: a second thread asks for ``name`` while it
+        is held and is handed it on release. A Turnstile client opens its wake-up channel
+        (the Redis connection that blocks in BLPOP, the PostgreSQL LISTEN connection) on its
+        first wait; a worker that has waited once has it open, as the peers' single
+        connection is after their warm-up."""
+        super().warm_up(name)
+        held = self._client.lock(name, ttl=self._ttl).acquire()
+        done: list[Any] = []
+
+        def wait() -> None:
+            self._client.lock(name, ttl=self._ttl).acquire(timeout=30).release()
+            done.append(True)
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        lock = self._client.lock(name, ttl=self._ttl)
+        deadline = time.monotonic() + 30
+        while not lock.status().waiters and time.monotonic() < deadline:
+            time.sleep(0.005)
+        held.release()
+        waiter.join(30)
+        if not done:
+            raise RuntimeError(f"warm-up: the waiter on {name!r} was not handed the lock")
 
     def acquire(self, name: str) -> None:
         self.queued_at = math.nan

@@ -45,8 +45,7 @@ def _worker_entry(
     try:
         adapter = factory()
         # Warm up on a private name: connections opened, scripts loaded, files created.
-        adapter.acquire(warm_name)
-        adapter.release()
+        adapter.warm_up(warm_name)
         barrier.wait()
         go = time.monotonic()
         result = job(adapter, args, go)
