@@ -30,7 +30,7 @@ import math
 import os
 import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ from turnstile_bench.adapters import (
     SherlockLock,
 )
 from turnstile_bench.servers import delete_redis_keys, own_redis, scratch_folder
+from turnstile_bench.workers import progress
 
 TURNSTILE = "turnstile redis"
 BARE = "turnstile redis, no renewer"
@@ -230,13 +231,26 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             text += (
                 " Both hand over in one round trip after the release: Turnstile's waiter "
                 "holds the grant its BLPOP pops, python-redis-lock's then sends a SET NX. "
-                "The difference is the release: Turnstile's script keeps a line, a fencing "
-                "counter and expiry indexes (15 commands inside it, against 3 in "
-                "python-redis-lock's) and every EVALSHA re-creates the script library's "
-                "helper functions; on 2 shared cores that server time is in the hand-over. "
-                "What would close it: a Redis 7 function library (FUNCTION LOAD / FCALL) so "
-                "the helpers are made once, not on every call."
+                "Turnstile's release script keeps a line, a fencing counter and expiry "
+                "indexes (15 commands inside it, against 3 in python-redis-lock's)"
             )
+            steps = results.get("costs", {}).get("steps", {})
+            release = steps.get("release, hands over to the waiter (library)")
+            helpers = steps.get("EVALSHA that makes the library's helpers and returns")
+            trivial = steps.get("EVALSHA of `return 1`")
+            if release and helpers and trivial:
+                text += (
+                    f": it ran {fmt(release['p50_us'], 0)} µs on the server (p50, *Server "
+                    f"time per script* below), {fmt(helpers['mean_us'] - trivial['mean_us'], 0)}"
+                    " µs of which made the script library's helper functions, which a Redis 7 "
+                    "function library (FUNCTION LOAD / FCALL) would make once. Against a gap "
+                    f"of {fmt(tw.gap_p50_ms)} ms that is not the difference: the rest is the "
+                    f"wake-up and scheduling of {tw.processes} processes on 2 shared cores, "
+                    "where the releaser's next acquire (a script joining the line, against "
+                    "python-redis-lock's SET NX) competes with the woken waiter."
+                )
+            else:
+                text += "."
         lines.append(text)
     certain = {
         w: (by[TURNSTILE].certain_fifo_violations or 0)
@@ -326,7 +340,10 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                 "(holder id, validation, fencing token, local deadline). "
             )
         if not met_with:
-            text += "What would close the gap: a lighter lease object."
+            text += (
+                "Run alone on this machine, the two made about the same rate: which leads "
+                "moves with the load."
+            )
         lines.append(text)
     cmd_groups = {w: by[TURNSTILE].per_grant.get("Redis commands") for w, by in groups.items()}
     values = [v for v in cmd_groups.values() if v is not None]
@@ -367,6 +384,147 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     if results["missing"]:
         lines += ["", "Left out of this run: " + "; ".join(results["missing"]) + "."]
     return lines
+
+
+# -- server time per script -------------------------------------------------------------------
+_STEPS = (
+    "acquire, idle name (fast path)",
+    "acquire, joins the line (library)",
+    "release, hands over to the waiter (library)",
+    "release after the hand-over",
+)
+
+
+def _script_stats(r: Any) -> tuple[int, float, int]:
+    """EVALSHA calls and their server time (µs) so far, and the calls of every other
+    command but BLPOP and INFO (those a script ran, in this measurement)."""
+    stats = r.info("commandstats")
+    evalsha = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+    others = sum(
+        v["calls"]
+        for k, v in stats.items()
+        if k not in ("cmdstat_evalsha", "cmdstat_blpop", "cmdstat_info")
+    )
+    return int(evalsha["calls"]), float(evalsha["usec"]), others
+
+
+def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
+    """Server time of Turnstile's lock scripts, step by step, from `INFO commandstats` read
+    before and after each step (a script's time includes the commands it ran). Run in one
+    process while nothing else uses the server.
+
+    Each cycle: holder A takes an idle name; B asks from a thread and joins the line (the
+    thread's DEBUG log says when); A releases, which hands over to B; B releases. Two
+    reference scripts measure what every EVALSHA pays before doing anything: ``return 1``,
+    and the lock library's helpers made (``_head.lua`` + ``_lib.lua``, which every script
+    that does not finish on a fast path runs first) and nothing done."""
+    import logging
+    import statistics
+    import threading
+    from importlib import resources
+
+    import redis
+
+    import turnstile
+    from turnstile.stores.redis import keys
+
+    folder = resources.files("turnstile.stores.redis").joinpath("lua", "lock")
+    library = "\n".join(folder.joinpath(f).read_text("utf-8") for f in ("_head.lua", "_lib.lua"))
+    r = redis.Redis.from_url(redis_url)
+    client_a = turnstile.connect(f"{redis_url}?prefix={prefix}cost:")
+    client_b = turnstile.connect(f"{redis_url}?prefix={prefix}cost:")
+    base, name_keys = keys.KeyCache(f"{prefix}cost:").get("reference")
+    queued = threading.Event()
+
+    class Queued(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, "turnstile_position", None) is not None:
+                queued.set()
+
+    log = logging.getLogger("turnstile.lock.acquire")
+    handler, level = Queued(logging.DEBUG), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    times: dict[str, list[float]] = {step: [] for step in _STEPS}
+    inside: dict[str, list[int]] = {step: [] for step in _STEPS}
+    reference: dict[str, float] = {}
+
+    def timed(step: str, action: Callable[[], Any]) -> Any:
+        calls, usec, others = _script_stats(r)
+        out = action()
+        calls2, usec2, others2 = _script_stats(r)
+        if calls2 - calls == 1:  # exactly this step's script (else: not counted)
+            times[step].append(usec2 - usec)
+            inside[step].append(others2 - others)
+        return out
+
+    try:
+        for _ in range(3):  # warm up: scripts loaded, connections open
+            client_a.lock("warm").acquire().release()
+        trivial, helpers = r.script_load("return 1"), r.script_load(library + "\nreturn 1")
+        references: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("EVALSHA of `return 1`", lambda: r.evalsha(trivial, 0)),
+            (
+                "EVALSHA that makes the library's helpers and returns",
+                lambda: r.evalsha(helpers, len(name_keys), *name_keys, base),
+            ),
+        )
+        for label, call in references:
+            calls, usec, _ = _script_stats(r)
+            for _ in range(cycles):
+                call()
+            calls2, usec2, _ = _script_stats(r)
+            reference[label] = (usec2 - usec) / max(1, calls2 - calls)
+        for _ in range(cycles):
+            lease = timed(_STEPS[0], lambda: client_a.lock("n").acquire(holder="cost-a"))
+            got: list[Any] = []
+            queued.clear()
+            calls, usec, others = _script_stats(r)
+            waiter = threading.Thread(
+                target=lambda got=got: got.append(client_b.lock("n").acquire(holder="cost-b"))
+            )
+            waiter.start()
+            queued.wait(10)
+            calls2, usec2, others2 = _script_stats(r)
+            if calls2 - calls == 1:
+                times[_STEPS[1]].append(usec2 - usec)
+                inside[_STEPS[1]].append(others2 - others)
+            timed(_STEPS[2], lease.release)
+            waiter.join()
+            timed(_STEPS[3], got[0].release)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        client_a.close()
+        client_b.close()
+    rows = {label: {"calls": cycles, "mean_us": v, "commands": 0} for label, v in reference.items()}
+    for step in _STEPS:
+        if times[step]:
+            rows[step] = {
+                "calls": len(times[step]),
+                "mean_us": statistics.fmean(times[step]),
+                "p50_us": statistics.median(times[step]),
+                "commands": statistics.median(inside[step]),
+            }
+    return {"cycles": cycles, "steps": rows}
+
+
+def costs_table(costs: dict[str, Any]) -> str:
+    order = [
+        "EVALSHA of `return 1`",
+        "EVALSHA that makes the library's helpers and returns",
+        *_STEPS,
+    ]
+    rows = []
+    for step in order:
+        row = costs["steps"].get(step)
+        if row is not None:
+            rows.append(
+                [step, row["calls"], row.get("p50_us", math.nan), row["mean_us"], row["commands"]]
+            )
+    return markdown_table(
+        ["step", "calls", "server µs p50", "mean", "commands inside (p50)"], rows
+    )
 
 
 def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]) -> str:
@@ -422,6 +580,25 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
             "BLPOP.",
             "",
             commands_table(results["handover"]),
+            "",
+        ]
+    if results.get("costs"):
+        costs = results["costs"]
+        out += [
+            "## Server time per script",
+            "",
+            f"Redis' `SLOWLOG` with a threshold of 0 over {costs['cycles']} cycles in one "
+            "process, on this run's server after the runs above: each cycle one holder takes "
+            "an idle name, a second asks from a thread and joins the line, the first releases "
+            "(handing over) and the second releases. Durations are the server's own, in "
+            "microseconds, for the whole script (the commands inside included); *commands "
+            "inside* counts what the script called. The two reference rows are what an "
+            "`EVALSHA` costs before it does anything: a script that returns at once, and one "
+            "that only makes the lock library's helper functions, which every step that does "
+            "not finish on a fast path makes first (a Redis 7 function library would make "
+            "them once, at load).",
+            "",
+            costs_table(costs),
             "",
         ]
     for group in results["webhooks"]:
@@ -503,11 +680,15 @@ class RedisBench(LockBench):
             handover_seconds=2.0 if quick else 20.0,
             webhook_trials=(1,) if quick else (args.trials, args.trials),
         )
-        return {
+        results = {
             "contenders": [{"label": c.label, "note": c.note} for c in main],
             "missing": missing,
             **self.run_locks(args, main, sizes),
         }
+        if not args.redis_url:  # SLOWLOG is configured: only on a server of our own
+            progress("server time per script (SLOWLOG)")
+            results["costs"] = script_costs(redis_url, prefix, 20 if quick else 500)
+        return results
 
     def markdown(
         self, results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]

@@ -7,8 +7,9 @@ release of Turnstile, emulated here by writing its records directly)."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,53 @@ def test_a_new_limit_on_an_idle_name_is_taken(client: turnstile.Client) -> None:
     assert not sem.try_acquire("one-more").acquired
     for lease in leases:
         lease.release()
+
+
+
+def _waiter(
+    client: turnstile.Client, name: str, handed: list[turnstile.Lease], waiters: int
+) -> threading.Thread:
+    """A thread that asks for ``name`` (its lease appended to ``handed``), started once the
+    name has ``waiters - 1`` waiters, and returned once it is in line too."""
+    lock = client.lock(name, ttl=30)
+    thread = threading.Thread(target=lambda: handed.append(lock.acquire(timeout=10)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(lock.status().waiters) < waiters and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(lock.status().waiters) == waiters
+    return thread
+
+
+def _spent(server: RedisProcess, action: Callable[[], object]) -> dict[str, int]:
+    before = _calls(server)
+    action()
+    after = _calls(server)
+    spent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {k: n for k, n in spent.items() if n}
+
+
+def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """The release that hands over reads one waiter more than it grants, so it knows when
+    it leaves the line empty: the new holder, alone then, releases on the fast path. With
+    another waiter still in line, the new holder's release hands over in turn."""
+    first = client.lock("last", ttl=30).acquire(timeout=1)
+    handed: list[turnstile.Lease] = []
+    threads = [_waiter(client, "last", handed, 1), _waiter(client, "last", handed, 2)]
+    assert first.release() is True
+    threads[0].join(10)
+    # Someone still waits: a full release step, which hands over (and pushes the wake-up).
+    spent = _spent(server, handed[0].release)
+    assert spent["evalsha"] == 1 and spent["rpush"] == 1, spent
+    threads[1].join(10)
+    # The line is empty now: the fast release (HMGET, TIME, HDEL, ZREM, HSET).
+    spent = _spent(server, handed[1].release)
+    assert spent == {"evalsha": 1, "hmget": 1, "hdel": 1, "zrem": 1, "hset": 1}, spent
+    # The name is idle again: the fast acquire, and tokens still grow.
+    lock = client.lock("last", ttl=30)
+    spent = _spent(server, lambda: handed.append(lock.acquire(timeout=1)))
+    assert spent["evalsha"] == 1 and "zrange" not in spent, spent
+    assert handed[2].token > handed[1].token > handed[0].token
+    handed[2].release()

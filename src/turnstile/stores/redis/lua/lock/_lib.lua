@@ -452,14 +452,18 @@ local function promote(limit, claimant)
   if S.pk then return promote_group(limit, claimant) end
   local free = limit - held()
   if free <= 0 or NO_WAITERS then return math.max(free, 0), {} end
-  local front = redis.call('ZRANGE', WQ, 0, free - 1)
+  -- One waiter more than the free slots: whether the line is empty once they are granted,
+  -- so that a hand-over to the last waiter leaves the name on the fast paths (FAST).
+  local front = redis.call('ZRANGE', WQ, 0, free)
+  local more = #front > free
+  if more then table.remove(front) end
   if #front == 0 then
     NO_WAITERS = true
     return free, {}
   end
   local recs = redis.call('HMGET', D, unpack(prefixed('w:', front)))
   local granted = grant_waiters(front, recs, claimant)
-  if #front < free then NO_WAITERS = true end
+  if not more then NO_WAITERS = true end
   return free - #front, granted
 end
 
