@@ -228,6 +228,8 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                 "of 2 shared cores."
             )
         elif not met_bare:
+            if met_with:
+                text += " Bare acquire/release missed it in this run."
             text += (
                 " Both hand over in one round trip after the release: Turnstile's waiter "
                 "holds the grant its BLPOP pops, python-redis-lock's then sends a SET NX. "
@@ -243,8 +245,10 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                     f": it ran {fmt(release['p50_us'], 0)} µs on the server (p50, *Server "
                     f"time per script* below), {fmt(helpers['mean_us'] - trivial['mean_us'], 0)}"
                     " µs of which made the script library's helper functions, which a Redis 7 "
-                    "function library (FUNCTION LOAD / FCALL) would make once. Against a gap "
-                    f"of {fmt(tw.gap_p50_ms)} ms that is not the difference: the rest is the "
+                    "function library (FUNCTION LOAD / FCALL) would make once. Against "
+                    f"{'the bare row' if met_with else 'a'} gap of "
+                    f"{fmt(ts.gap_p50_ms if met_with else tw.gap_p50_ms)} ms that is not the "
+                    "difference: the rest is the "
                     f"wake-up and scheduling of {tw.processes} processes on 2 shared cores, "
                     "where the releaser's next acquire (a script joining the line, against "
                     "python-redis-lock's SET NX) competes with the woken waiter."
