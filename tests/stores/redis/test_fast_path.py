@@ -148,7 +148,6 @@ def test_a_new_limit_on_an_idle_name_is_taken(client: turnstile.Client) -> None:
         lease.release()
 
 
-
 def _waiter(
     client: turnstile.Client, name: str, handed: list[turnstile.Lease], waiters: int
 ) -> threading.Thread:
