@@ -331,10 +331,12 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "on`, as the naive row does. On an idle name each is one UPDATE of the name's row "
         "(schema version 12: the grant kept in the row, a HOT update, the fencing counter "
         "written with it), inside a PL/pgSQL function call (with `prepare=on`, one plain "
-        "prepared statement that calls the function only when the name is busy); what "
-        "remains is the client's own work per call (the pool, the waiter armed before the "
-        "first step, the lease) and, without `prepare=on`, the parsing and planning of each "
-        "call, which the naive row (psycopg prepares a statement from its fifth use) skips."
+        "prepared statement that calls the function only when the name is busy; no waiter "
+        "is armed and no LISTEN connection opened unless the acquire has to wait); what "
+        "remains is the client's own work per call (the pool, the lease and its renewer), "
+        "the PL/pgSQL call itself and, without `prepare=on`, the parsing and planning of "
+        "each call, which the naive row (psycopg prepares a statement from its fifth use) "
+        "skips."
     )
     naive_u = unc["naive row (1 s poll)"].ops_per_s
     summary.insert(

@@ -156,7 +156,9 @@ def test_a_refusal_wakes_a_blocked_waiter_behind_it(local: turnstile.Client) -> 
     )
     blocked.start()
     wait_until(lambda: [w.holder for w in sem.status().waiters] == ["blocked"], 10)
-    (d1,) = _take(local)
+    # A take skips a name whose row a step holds locked right then (PostgreSQL: SKIP LOCKED),
+    # and the waiter may still be stepping (a client's first wait looks twice).
+    (d1,) = wait_until(lambda: _take(local), 10, interval=0.01)
     started = time.monotonic()
     assert local.backend.settle_delivery("cb:wake", d1.token, outcome="refused", retry_in=0)
     blocked.join(10)

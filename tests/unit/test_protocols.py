@@ -259,7 +259,7 @@ def test_capabilities_as_declared() -> None:
         "memory": {"queues", "local_deliveries"},
         "sqlite": {"queues", "local_deliveries"},
         "redis": {"queues", "keeps_early_wakeups", "local_deliveries"},
-        "postgres": {"queues", "cheap_waiters", "local_deliveries"},
+        "postgres": {"queues", "keeps_early_wakeups", "local_deliveries"},
         "http": {"queues", "long_poll_gets"},
     }
     assert CAPABILITIES | FACTS | {"cross_process", "cross_host"} == {

@@ -62,6 +62,13 @@ def test_the_wakeup_hands_over_the_grant(pg_url: str, renew: bool) -> None:
             _wait_for(lambda: listener.up, "the bystander's LISTEN connection")
             ears.execute(f"LISTEN {pg.quote_ident(listener.channel)}")
 
+            # The waiter's client has waited before: its LISTEN connection is up. (A client's
+            # very first wait steps once more: the step that put it in line was made before
+            # it listened, so a hand-over in between may have gone unheard.)
+            ears_of_waiter = waiter.backend.listener  # type: ignore[attr-defined]
+            ears_of_waiter.start()
+            _wait_for(lambda: ears_of_waiter.up, "the waiter's LISTEN connection")
+
             out: dict[str, Any] = {}
             lock = waiter.lock(name, ttl=30)
             thread = _blocked(lock, out, renew)

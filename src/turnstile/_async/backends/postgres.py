@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult
@@ -43,7 +44,10 @@ from ..._core.records import (
 from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.postgres import sql as pg
 from .postgres_connection import AsyncPostgresConnection, new_pool
-from .postgres_listen import AsyncListener, AsyncPostgresWaiter
+from .postgres_listen import ARMED_FIRST, AsyncListener, AsyncPostgresWaiter
+
+# Steps that put a holder in line, remembered until its waiter is armed: at most this many.
+MARKS_MAX = 4096
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
@@ -58,7 +62,11 @@ CHARACTERISTICS = Characteristics(
     durable=True,
     woken_by_store=True,
     description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
-    cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
+    # A lock waiter arms after its first step (an uncontended acquire never arms one, nor
+    # opens the LISTEN connection): the LISTEN connection keeps a wake-up that comes before
+    # its waiter registers, and a waiter whose step it may not have heard re-checks at once
+    # (postgres_listen.py, AsyncListener.register).
+    keeps_early_wakeups=True,
     queues=True,
     local_deliveries=True,
 )
@@ -71,6 +79,10 @@ class AsyncPostgresBackend:
         self.config = connection.config
         self.connection = connection
         self._q = {name: connection.query(name) for name in pg.QUERIES}
+        # (name, holder) -> (listener, its mark before the step that put holder in line, when
+        # that place lapses unless stepped again): what open_waiter checks, since the waiter
+        # arms after that step.
+        self._marks: dict[tuple[str, str], tuple[AsyncListener, int | None, float]] = {}
         if self.config.relaxed:
             self.characteristics = dataclasses.replace(
                 CHARACTERISTICS,
@@ -127,6 +139,8 @@ class AsyncPostgresBackend:
     ) -> AcquireResult:
         await self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()
+        listener = self.connection.listener
+        mark = listener.mark() if listener is not None and channel else None
         lead = ranking.lead(priority, ageing)
         try:
             row = await self._acquire_row(
@@ -137,8 +151,31 @@ class AsyncPostgresBackend:
             raise
         granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row
         if granted:
+            if self._marks:
+                self._marks.pop((name, holder), None)
             return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
+        if wait_id is not None and listener is not None:
+            self._remember(name, holder, listener, mark, wait_ttl)
         return AcquireResult(None, position, now, retry_after, wait_id)
+
+    def _remember(
+        self, name: str, holder: str, listener: AsyncListener, mark: int | None, wait_ttl: float
+    ) -> None:
+        """Note that ``holder`` stepped into line with the LISTEN connection at ``mark``,
+        for the waiter it arms next (open_waiter). A note outlives the place in line it is
+        about (``wait_ttl`` without a step) only until the next note is taken; MARKS_MAX
+        bounds them anyway. Safe from several threads (dict operations are atomic; a
+        concurrent eviction may fail and is skipped)."""
+        marks = self._marks
+        now = time.monotonic()
+        marks.pop((name, holder), None)
+        marks[(name, holder)] = (listener, mark, now + wait_ttl)
+        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+            while True:
+                oldest = next(iter(marks))
+                if len(marks) <= MARKS_MAX and marks[oldest][2] > now:
+                    break
+                del marks[oldest]
 
     async def _acquire_row(
         self,
@@ -314,6 +351,8 @@ class AsyncPostgresBackend:
         )
 
     async def release(self, name: str, holder: str, token: int | None) -> bool:
+        if token is None and self._marks:
+            self._marks.pop((name, holder), None)  # leaving the line: no waiter to arm
         row = await self._run(
             self._q["release"],
             {"name": name, "holder": holder, "token": token, "now": self._now()},
@@ -376,10 +415,19 @@ class AsyncPostgresBackend:
         return [r[0] for r in rows]
 
     async def open_waiter(self, name: str, holder: str) -> AsyncPostgresWaiter:
+        """Armed after the step that put ``holder`` in line (``keeps_early_wakeups``): the
+        wake-ups that came since are delivered on arming, and if one may be missing (the
+        step named no channel, or the LISTEN connection was down or reconnected since) the
+        waiter re-checks at once instead of waiting. Without a note of such a step (armed
+        before its step, as ``Lock.wait`` and the backend protocol allow), as before."""
         listener = await self.connection.listening()
+        note = self._marks.pop((name, holder), None)
         if listener is None:
             return AsyncPostgresWaiter(None, "")
-        return AsyncPostgresWaiter(listener, pg.wake_key(name, holder), name, holder)
+        since: int | None = ARMED_FIRST
+        if note is not None:
+            since = note[1] if note[0] is listener else None
+        return AsyncPostgresWaiter(listener, pg.wake_key(name, holder), name, holder, since)
 
     async def ping(self) -> None:
         await self._run(self._q["ping"], {}, "answer a ping")

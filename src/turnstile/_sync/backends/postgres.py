@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult
@@ -44,7 +45,10 @@ from ..._core.records import (
 from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.postgres import sql as pg
 from .postgres_connection import PostgresConnection, new_pool
-from .postgres_listen import Listener, PostgresWaiter
+from .postgres_listen import ARMED_FIRST, Listener, PostgresWaiter
+
+# Steps that put a holder in line, remembered until its waiter is armed: at most this many.
+MARKS_MAX = 4096
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
@@ -59,7 +63,11 @@ CHARACTERISTICS = Characteristics(
     durable=True,
     woken_by_store=True,
     description="PostgreSQL: durable leases as rows, woken by LISTEN/NOTIFY",
-    cheap_waiters=True,  # one LISTEN connection per client; arming a waiter is local
+    # A lock waiter arms after its first step (an uncontended acquire never arms one, nor
+    # opens the LISTEN connection): the LISTEN connection keeps a wake-up that comes before
+    # its waiter registers, and a waiter whose step it may not have heard re-checks at once
+    # (postgres_listen.py, Listener.register).
+    keeps_early_wakeups=True,
     queues=True,
     local_deliveries=True,
 )
@@ -72,6 +80,10 @@ class PostgresBackend:
         self.config = connection.config
         self.connection = connection
         self._q = {name: connection.query(name) for name in pg.QUERIES}
+        # (name, holder) -> (listener, its mark before the step that put holder in line, when
+        # that place lapses unless stepped again): what open_waiter checks, since the waiter
+        # arms after that step.
+        self._marks: dict[tuple[str, str], tuple[Listener, int | None, float]] = {}
         if self.config.relaxed:
             self.characteristics = dataclasses.replace(
                 CHARACTERISTICS,
@@ -128,6 +140,8 @@ class PostgresBackend:
     ) -> AcquireResult:
         self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()
+        listener = self.connection.listener
+        mark = listener.mark() if listener is not None and channel else None
         lead = ranking.lead(priority, ageing)
         try:
             row = self._acquire_row(
@@ -138,8 +152,31 @@ class PostgresBackend:
             raise
         granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row
         if granted:
+            if self._marks:
+                self._marks.pop((name, holder), None)
             return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
+        if wait_id is not None and listener is not None:
+            self._remember(name, holder, listener, mark, wait_ttl)
         return AcquireResult(None, position, now, retry_after, wait_id)
+
+    def _remember(
+        self, name: str, holder: str, listener: Listener, mark: int | None, wait_ttl: float
+    ) -> None:
+        """Note that ``holder`` stepped into line with the LISTEN connection at ``mark``,
+        for the waiter it arms next (open_waiter). A note outlives the place in line it is
+        about (``wait_ttl`` without a step) only until the next note is taken; MARKS_MAX
+        bounds them anyway. Safe from several threads (dict operations are atomic; a
+        concurrent eviction may fail and is skipped)."""
+        marks = self._marks
+        now = time.monotonic()
+        marks.pop((name, holder), None)
+        marks[(name, holder)] = (listener, mark, now + wait_ttl)
+        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+            while True:
+                oldest = next(iter(marks))
+                if len(marks) <= MARKS_MAX and marks[oldest][2] > now:
+                    break
+                del marks[oldest]
 
     def _acquire_row(
         self,
@@ -315,6 +352,8 @@ class PostgresBackend:
         )
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
+        if token is None and self._marks:
+            self._marks.pop((name, holder), None)  # leaving the line: no waiter to arm
         row = self._run(
             self._q["release"],
             {"name": name, "holder": holder, "token": token, "now": self._now()},
@@ -377,10 +416,19 @@ class PostgresBackend:
         return [r[0] for r in rows]
 
     def open_waiter(self, name: str, holder: str) -> PostgresWaiter:
+        """Armed after the step that put ``holder`` in line (``keeps_early_wakeups``): the
+        wake-ups that came since are delivered on arming, and if one may be missing (the
+        step named no channel, or the LISTEN connection was down or reconnected since) the
+        waiter re-checks at once instead of waiting. Without a note of such a step (armed
+        before its step, as ``Lock.wait`` and the backend protocol allow), as before."""
         listener = self.connection.listening()
+        note = self._marks.pop((name, holder), None)
         if listener is None:
             return PostgresWaiter(None, "")
-        return PostgresWaiter(listener, pg.wake_key(name, holder), name, holder)
+        since: int | None = ARMED_FIRST
+        if note is not None:
+            since = note[1] if note[0] is listener else None
+        return PostgresWaiter(listener, pg.wake_key(name, holder), name, holder, since)
 
     def ping(self) -> None:
         self._run(self._q["ping"], {}, "answer a ping")

@@ -33,6 +33,12 @@ POLL_MIN = 0.005
 POLL_MAX = 0.2
 # How long the first waiter of a client waits for the LISTEN connection to come up.
 LISTEN_START_WAIT = 2.0
+# Wake-ups for a key no local waiter has registered yet are kept (a lock waiter arms after
+# its first step: see Listener.register), at most this many, for at most this long.
+EARLY_MAX = 1024
+EARLY_KEEP = 30.0
+# Listener.register: the waiter was armed before the step it waits on (nothing to check).
+ARMED_FIRST = -1
 
 
 class Listener:
@@ -40,7 +46,14 @@ class Listener:
 
     It listens on two channels: the client's own (:attr:`channel`, random, named by this
     client's waiting entries: lock hand-overs, with the grant in the payload) and the schema's
-    (queue wake-ups, and lock waiters that joined through an older release's function)."""
+    (queue wake-ups, and lock waiters that joined through an older release's function).
+
+    A lock waiter arms after its first step (``keeps_early_wakeups``), so a wake-up for it
+    may arrive first: a payload for a key nobody has registered is kept (:attr:`_early`, a
+    few, for a while) and delivered when that key registers. Whatever could make such a
+    wake-up go unheard or be dropped before it is claimed (the connection down or
+    reconnecting, an early one evicted) moves :attr:`_epoch` on; a waiter whose step was
+    made at another epoch, or while the connection was not up, re-checks at once."""
 
     def __init__(self, config: pg.PostgresConfig) -> None:
         assert config.listen_conninfo is not None
@@ -48,6 +61,9 @@ class Listener:
         self._conninfo = config.listen_conninfo
         self.channel = pg.client_channel(secrets.token_hex(16))
         self._registry: dict[str, list[PostgresWaiter]] = {}
+        # key -> (monotonic arrival, payloads after the key) for keys nobody registered yet
+        self._early: dict[str, tuple[float, list[str]]] = {}
+        self._epoch = 0
         self._lock = threading.Lock()
         self._ready = _compat.Event()
         self._tried = _compat.Event()  # the first connection attempt has ended, either way
@@ -79,9 +95,29 @@ class Listener:
         _compat.wait_event(self._tried, within)
         return self.up
 
-    def register(self, key: str, waiter: PostgresWaiter) -> None:
+    def mark(self) -> int | None:
+        """Taken before a step that names this client's channel: ``register`` can then tell
+        whether every wake-up sent since was heard and kept (None: not listening now)."""
+        epoch = self._epoch
+        return epoch if self._ready.is_set() else None
+
+    def register(
+        self, key: str, waiter: PostgresWaiter, since: int | None = ARMED_FIRST
+    ) -> bool:
+        """Deliver wake-ups to ``waiter`` from now on, and those kept for ``key`` that came
+        before it registered. ``since``: the :meth:`mark` taken before the step the waiter
+        waits on (``ARMED_FIRST``: armed before it). True if a wake-up sent since may be
+        missing (not listening then, or a reconnect or eviction since): re-check."""
         with self._lock:
             self._registry.setdefault(key, []).append(waiter)
+            early = self._early.pop(key, None)
+            missed = since != ARMED_FIRST and (
+                since is None or since != self._epoch or not self._ready.is_set()
+            )
+        if early is not None:
+            for grant in early[1]:
+                waiter.deliver(grant)
+        return missed
 
     def unregister(self, key: str, waiter: PostgresWaiter) -> None:
         with self._lock:
@@ -96,9 +132,34 @@ class Listener:
     def _dispatch(self, payload: str) -> None:
         key, _, grant = payload.partition(" ")
         with self._lock:
-            waiters = list(self._registry.get(key, ()))
+            found = self._registry.get(key)
+            if found is None:
+                self._keep(key, grant)
+                return
+            waiters = list(found)
         for waiter in waiters:
             waiter.deliver(grant)
+
+    def _keep(self, key: str, grant: str) -> None:
+        """Keep a wake-up for a key nobody has registered (under the lock): the oldest kept
+        ones go first when there are too many or they are too old, and moving the epoch on
+        makes a waiter that stepped before it re-check (see :meth:`register`)."""
+        now = time.monotonic()
+        early = self._early
+        kept = early.get(key)
+        if kept is not None:
+            if len(kept[1]) < 8:
+                kept[1].append(grant)
+            else:
+                self._epoch += 1
+            return
+        while early:
+            oldest = next(iter(early))
+            if len(early) < EARLY_MAX and now - early[oldest][0] <= EARLY_KEEP:
+                break
+            del early[oldest]
+            self._epoch += 1
+        early[key] = (now, [grant])
 
     def _wake_all(self) -> None:
         with self._lock:
@@ -119,7 +180,9 @@ class Listener:
                 for listen in listens:
                     conn.execute(listen)
                 self.connects += 1
-                self._ready.set()
+                with self._lock:
+                    self._epoch += 1
+                    self._ready.set()
                 self._tried.set()
                 if complained:
                     log.warning("LISTEN connection to %r is back", self._config.display)
@@ -150,7 +213,9 @@ class Listener:
             finally:
                 self._tried.set()
                 if self._ready.is_set():
-                    self._ready.clear()
+                    with self._lock:
+                        self._epoch += 1
+                        self._ready.clear()
                     self._wake_all()
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -171,10 +236,16 @@ class Listener:
 class PostgresWaiter:
     """Woken by the NOTIFY that hands it the grant, and keeps the grant it carried (see
     :meth:`handed`); polls with a backoff while there is no working LISTEN connection
-    (``listen=off``, or the connection is down)."""
+    (``listen=off``, or the connection is down). ``since``: see :meth:`Listener.register`
+    (a lock waiter armed after its step)."""
 
     def __init__(
-        self, listener: Listener | None, key: str, name: str = "", holder: str = ""
+        self,
+        listener: Listener | None,
+        key: str,
+        name: str = "",
+        holder: str = "",
+        since: int | None = ARMED_FIRST,
     ) -> None:
         self._listener = listener
         self._key = key
@@ -185,8 +256,8 @@ class PostgresWaiter:
         # Grants carried by wake-ups, by the waiting entry (seq) they were made for: one made
         # for an earlier wait of the same (name, holder) must never be taken for this one.
         self._handed: dict[int, Grant] = {}
-        if listener is not None:
-            listener.register(key, self)
+        if listener is not None and listener.register(key, self, since):
+            self._event.set()  # a wake-up since the step may be missing: look again at once
 
     def deliver(self, grant: str) -> None:
         """Called by the listener: ``grant`` is the payload after the wake key ("seq token
