@@ -1419,9 +1419,11 @@ $$;
 -- pending message of the key), unless p_concurrency are in flight; else register p_waiter
 -- (if given; woken on p_channel, NULL: the schema's channel) and say when to look again.
 -- o_wake: how many waiters the step wakes (the caller wakes them, see queue_claim).
+-- p_purged: the caller purged the time-outs at p_now already.
 CREATE FUNCTION __SCHEMA__._queue_claim(
     p_qid bigint, p_receipt text, p_visibility double precision, p_concurrency integer,
     p_max_attempts integer, p_waiter text, p_now timestamptz, p_channel text,
+    p_purged boolean DEFAULT false,
     OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
     OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
     OUT o_retry_after double precision, OUT o_wake integer)
@@ -1434,8 +1436,9 @@ DECLARE
     v_next timestamptz;
 BEGIN
     o_found := false;
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
-               WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now) THEN
+    IF NOT p_purged AND EXISTS (
+            SELECT 1 FROM __SCHEMA__.queue_messages m
+            WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now) THEN
         v_freed := __SCHEMA__._queue_purge(p_qid, p_now);
     END IF;
     IF p_concurrency IS NOT NULL THEN
@@ -1573,7 +1576,7 @@ BEGIN
     INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
          o_retry_after, v_claim_wake
     FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
-                                 p_max_attempts, p_waiter, v_now, p_channel) c;
+                                 p_max_attempts, p_waiter, v_now, p_channel, true) c;
     v_wake := v_wake + greatest(v_claim_wake, 0);
     IF v_wake > 0 THEN
         -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does

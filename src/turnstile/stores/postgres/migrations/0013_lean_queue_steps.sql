@@ -14,10 +14,11 @@
 --   future); it now asks for an in-flight message with deadline <= now, a range that ends
 --   at now.
 -- * A claim locks and updates its message in one statement; ack and queue_ack_claim find
---   the message by (queue_id, id) in one index look-up.
+--   the message by (queue_id, id) in one index look-up; queue_ack_claim probes for
+--   time-outs once, not again in its claim (_queue_claim's new argument p_purged).
 --
 -- Safe on a populated schema (only indexes change; CREATE INDEX locks queue_messages
--- against writes while it builds). Compatibility: no signature or answer changes.
+-- against writes while it builds). Compatibility: the signatures and answers of the queue_* functions are unchanged.
 
 DROP INDEX __SCHEMA__.queue_messages_by_state;
 
@@ -62,14 +63,19 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION __SCHEMA__._queue_claim(bigint, text, double precision, integer, integer, text,
+                                      timestamptz, text);
+
 -- queue_machine.claim on queue p_qid at p_now (the caller's clock), without its wake-ups:
 -- hand out the ready, due message with the smallest seq that heads its key (no earlier
 -- pending message of the key), unless p_concurrency are in flight; else register p_waiter
 -- (if given; woken on p_channel, NULL: the schema's channel) and say when to look again.
 -- o_wake: how many waiters the step wakes (the caller wakes them, see queue_claim).
-CREATE OR REPLACE FUNCTION __SCHEMA__._queue_claim(
+-- p_purged: the caller purged the time-outs at p_now already.
+CREATE FUNCTION __SCHEMA__._queue_claim(
     p_qid bigint, p_receipt text, p_visibility double precision, p_concurrency integer,
     p_max_attempts integer, p_waiter text, p_now timestamptz, p_channel text,
+    p_purged boolean DEFAULT false,
     OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
     OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
     OUT o_retry_after double precision, OUT o_wake integer)
@@ -82,8 +88,9 @@ DECLARE
     v_next timestamptz;
 BEGIN
     o_found := false;
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
-               WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now) THEN
+    IF NOT p_purged AND EXISTS (
+            SELECT 1 FROM __SCHEMA__.queue_messages m
+            WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now) THEN
         v_freed := __SCHEMA__._queue_purge(p_qid, p_now);
     END IF;
     IF p_concurrency IS NOT NULL THEN
@@ -189,7 +196,7 @@ BEGIN
     INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
          o_retry_after, v_claim_wake
     FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
-                                 p_max_attempts, p_waiter, v_now, p_channel) c;
+                                 p_max_attempts, p_waiter, v_now, p_channel, true) c;
     v_wake := v_wake + greatest(v_claim_wake, 0);
     IF v_wake > 0 THEN
         -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does
