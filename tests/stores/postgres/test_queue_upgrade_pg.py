@@ -1,8 +1,9 @@
 """Queues on PostgreSQL after schema versions 11 (the operations of a queue no longer wait for
 one another on its row) and 13 (leaner claims and acks, new indexes): migrating a populated
-version-10 or version-12 schema keeps every message where it was (ready, delayed, in flight with its receipt, dead) and its dedup entries, a call of an
-unchanged signature (a client of the previous release during an upgrade) still works, and
-the fused ack-then-claim step of the worker loop answers what an ack then a claim would."""
+version-10 or version-12 schema keeps every message where it was (ready, delayed, in flight
+with its receipt, dead) and its dedup entries, a call of an unchanged signature (a client of
+the previous release during an upgrade) still works, and the fused ack-then-claim step of the
+worker loop answers what an ack then a claim would."""
 
 from __future__ import annotations
 
