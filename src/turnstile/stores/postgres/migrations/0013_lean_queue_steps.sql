@@ -15,7 +15,9 @@
 --   at now.
 -- * A claim locks and updates its message in one statement; ack and queue_ack_claim find
 --   the message by (queue_id, id) in one index look-up; queue_ack_claim probes for
---   time-outs once, not again in its claim (_queue_claim's new argument p_purged).
+--   time-outs once, not again in its claim (_queue_claim's new argument p_purged), and
+--   queue_claim, queue_ack and queue_ack_claim look the queue up and probe for time-outs
+--   in one statement.
 --
 -- Safe on a populated schema (only indexes change; CREATE INDEX locks queue_messages
 -- against writes while it builds). Compatibility: the signatures and answers of the queue_* functions are unchanged.
@@ -152,6 +154,46 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.queue_claim(
+    p_name text, p_receipt text, p_visibility double precision, p_concurrency integer,
+    p_max_attempts integer, p_waiter text, p_now timestamptz, p_channel text,
+    OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
+    OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
+    OUT o_now double precision, OUT o_retry_after double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_qid bigint;
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_expired boolean;
+    v_wake integer := 0;
+    v_claim_wake integer;
+BEGIN
+    -- The queue's id and whether a message in flight is past its deadline, in one look.
+    SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+                         WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
+    INTO v_qid, v_expired
+    FROM __SCHEMA__.queues q WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    IF v_qid IS NULL THEN
+        v_qid := __SCHEMA__._queue_id(p_name);  -- a new queue: nothing in flight
+    ELSIF v_expired THEN
+        v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
+    END IF;
+    o_now := extract(epoch FROM v_now);
+    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+           c.o_deadline, c.o_retry_after, c.o_wake
+    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+         o_retry_after, v_claim_wake
+    FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
+                                 p_max_attempts, p_waiter, v_now, p_channel, true) c;
+    v_wake := v_wake + v_claim_wake;  -- a delivery takes one of the freed messages
+    IF v_wake > 0 THEN
+        PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, NULL);
+    END IF;
+END
+$$;
+
 -- queue_machine.ack of (p_id, p_ack_receipt), then queue_machine.claim, at one time in one
 -- transaction (the worker loop: settle a message and take the next in one round trip).
 -- p_waiter must be new (not registered before this call): then the waiters this wakes are
@@ -171,19 +213,21 @@ AS $$
 DECLARE
     v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_expired boolean;
     v_wake integer := 0;
     v_claim_wake integer;
 BEGIN
-    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
-    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    -- The queue's id and whether a message in flight is past its deadline, in one look.
+    SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+                         WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
+    INTO v_qid, v_expired
+    FROM __SCHEMA__.queues q WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
     IF v_qid IS NULL THEN
-        v_qid := __SCHEMA__._queue_id(p_name);
-    END IF;
-    o_now := extract(epoch FROM v_now);
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
-               WHERE m.queue_id = v_qid AND m.state = 1 AND m.deadline <= v_now) THEN
+        v_qid := __SCHEMA__._queue_id(p_name);  -- a new queue: nothing in flight
+    ELSIF v_expired THEN
         v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
+    o_now := extract(epoch FROM v_now);
     DELETE FROM __SCHEMA__.queue_messages m
     WHERE m.queue_id = v_qid AND m.id = p_id
       AND m.state = 1 AND m.receipt = p_ack_receipt AND m.deadline > v_now;
@@ -220,16 +264,18 @@ AS $$
 DECLARE
     v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_expired boolean;
     v_wake integer := 0;
     v_acked boolean;
 BEGIN
-    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
-    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    -- The queue's id and whether a message in flight is past its deadline, in one look.
+    SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+                         WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
+    INTO v_qid, v_expired
+    FROM __SCHEMA__.queues q WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
     IF v_qid IS NULL THEN
-        v_qid := __SCHEMA__._queue_id(p_name);
-    END IF;
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
-               WHERE m.queue_id = v_qid AND m.state = 1 AND m.deadline <= v_now) THEN
+        v_qid := __SCHEMA__._queue_id(p_name);  -- a new queue: nothing in flight
+    ELSIF v_expired THEN
         v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
     DELETE FROM __SCHEMA__.queue_messages m
