@@ -17,7 +17,9 @@
 --   the message by (queue_id, id) in one index look-up; queue_ack_claim probes for
 --   time-outs once, not again in its claim (_queue_claim's new argument p_purged), and
 --   queue_claim, queue_ack and queue_ack_claim look the queue up and probe for time-outs
---   in one statement.
+--   in one statement. queue_claim and queue_ack_claim claim a message themselves when the
+--   queue has no cap, and call _queue_claim only when it has one or nothing was found (its
+--   own look follows; then it registers the waiter as before).
 --
 -- Safe on a populated schema (only indexes change; CREATE INDEX locks queue_messages
 -- against writes while it builds). Compatibility: the signatures and answers of the queue_* functions are unchanged.
@@ -166,6 +168,7 @@ AS $$
 DECLARE
     v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_deadline timestamptz := v_now + p_visibility * interval '1 second';
     v_expired boolean;
     v_wake integer := 0;
     v_claim_wake integer;
@@ -181,12 +184,42 @@ BEGIN
         v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
     o_now := extract(epoch FROM v_now);
-    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
-           c.o_deadline, c.o_retry_after, c.o_wake
-    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
-         o_retry_after, v_claim_wake
-    FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
-                                 p_max_attempts, p_waiter, v_now, p_channel, true) c;
+    -- _queue_claim's common case inline: no cap, and a message to hand out.
+    o_found := false;
+    IF p_concurrency IS NULL THEN
+        UPDATE __SCHEMA__.queue_messages m
+        SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
+            receipt = p_receipt, deadline = v_deadline
+        WHERE m.seq = (
+            SELECT r.seq FROM __SCHEMA__.queue_messages r
+            WHERE r.queue_id = v_qid AND r.state = 0 AND r.available_at <= v_now
+              AND (r.key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM __SCHEMA__.queue_messages o
+                  WHERE o.queue_id = v_qid AND o.key = r.key AND o.state < 2
+                    AND o.seq < r.seq))
+            ORDER BY r.seq
+            LIMIT 1
+            FOR UPDATE OF r SKIP LOCKED)
+        RETURNING true, m.id, m.key, m.body, m.kind, m.attempts,
+                  extract(epoch FROM m.enqueued_at)
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
+        o_found := FOUND;
+    END IF;
+    IF o_found THEN
+        IF p_waiter IS NOT NULL THEN
+            DELETE FROM __SCHEMA__.queue_waiters w
+            WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
+        END IF;
+        o_deadline := extract(epoch FROM v_deadline);
+        v_claim_wake := -1;
+    ELSE
+        SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+               c.o_deadline, c.o_retry_after, c.o_wake
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+             o_retry_after, v_claim_wake
+        FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
+                                     p_max_attempts, p_waiter, v_now, p_channel, true) c;
+    END IF;
     v_wake := v_wake + v_claim_wake;  -- a delivery takes one of the freed messages
     IF v_wake > 0 THEN
         PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, NULL);
@@ -213,6 +246,7 @@ AS $$
 DECLARE
     v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_deadline timestamptz := v_now + p_visibility * interval '1 second';
     v_expired boolean;
     v_wake integer := 0;
     v_claim_wake integer;
@@ -235,12 +269,42 @@ BEGIN
     IF o_acked THEN
         v_wake := v_wake + 1;
     END IF;
-    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
-           c.o_deadline, c.o_retry_after, c.o_wake
-    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
-         o_retry_after, v_claim_wake
-    FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
-                                 p_max_attempts, p_waiter, v_now, p_channel, true) c;
+    -- _queue_claim's common case inline: no cap, and a message to hand out.
+    o_found := false;
+    IF p_concurrency IS NULL THEN
+        UPDATE __SCHEMA__.queue_messages m
+        SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
+            receipt = p_receipt, deadline = v_deadline
+        WHERE m.seq = (
+            SELECT r.seq FROM __SCHEMA__.queue_messages r
+            WHERE r.queue_id = v_qid AND r.state = 0 AND r.available_at <= v_now
+              AND (r.key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM __SCHEMA__.queue_messages o
+                  WHERE o.queue_id = v_qid AND o.key = r.key AND o.state < 2
+                    AND o.seq < r.seq))
+            ORDER BY r.seq
+            LIMIT 1
+            FOR UPDATE OF r SKIP LOCKED)
+        RETURNING true, m.id, m.key, m.body, m.kind, m.attempts,
+                  extract(epoch FROM m.enqueued_at)
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
+        o_found := FOUND;
+    END IF;
+    IF o_found THEN
+        IF p_waiter IS NOT NULL THEN
+            DELETE FROM __SCHEMA__.queue_waiters w
+            WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
+        END IF;
+        o_deadline := extract(epoch FROM v_deadline);
+        v_claim_wake := -1;
+    ELSE
+        SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+               c.o_deadline, c.o_retry_after, c.o_wake
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+             o_retry_after, v_claim_wake
+        FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
+                                     p_max_attempts, p_waiter, v_now, p_channel, true) c;
+    END IF;
     v_wake := v_wake + greatest(v_claim_wake, 0);
     IF v_wake > 0 THEN
         -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does
