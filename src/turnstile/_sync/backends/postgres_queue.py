@@ -41,19 +41,37 @@ def _claim_result(row: Any, receipt: str) -> ClaimResult:
     return ClaimResult(delivery, now, None)
 
 
+# Spare waiters kept per queue name for the next get (see PostgresQueueWaiter.close).
+SPARE_WAITERS = 16
+
+
 class PostgresQueueWaiter:
+    """A consumer's wake-up channel. Closed unregistered after a claim that delivered (the
+    claim deleted its registration: nothing on the store's side names it), it is kept as a
+    spare and handed to the next get of the same queue by this client instead of a new one
+    (no new id, wake key and listener entry per message). A wake-up that reaches a spare or
+    reused waiter late only makes its next wait return early: the get claims again."""
+
     def __init__(
         self, queues: PostgresQueueBackend, name: str, listener: Listener | None
     ) -> None:
         self.id = secrets.token_hex(8)
         self._queues = queues
         self._name = name
+        self._listener = listener
         self._inner = PostgresWaiter(listener, pg.wake_key(name, self.id, queue=True))
+        # Whether the store surely holds no registration of it: set by a claim that
+        # delivered, cleared by every claim before it is sent (a claim whose outcome is
+        # unknown may have registered it).
+        self.clean = True
 
     def wait(self, timeout: float) -> bool:
         return self._inner.wait(timeout)
 
     def close(self, registered: bool = True) -> None:
+        if not registered and self.clean and self._queues._keep(self):
+            return
+        self._queues._open.pop(self.id, None)
         self._inner.close()
         if registered:
             self._queues._one("unregister", {"name": self._name, "waiter": self.id})
@@ -63,6 +81,27 @@ class PostgresQueueBackend(LocalQueueWaits):
     def __init__(self, connection: PostgresConnection) -> None:
         self.connection = connection
         self._q = {op: connection.query(f"queue_{op}") for op in OPERATIONS}
+        self._spare: dict[str, list[PostgresQueueWaiter]] = {}
+        # The waiters handed out and not closed, by id: a claim naming one marks it.
+        self._open: dict[str, PostgresQueueWaiter] = {}
+
+    def _keep(self, waiter: PostgresQueueWaiter) -> bool:
+        """Keep a closed, unregistered waiter as a spare for its queue. False: no room."""
+        self._open.pop(waiter.id, None)
+        spare = self._spare.setdefault(waiter._name, [])
+        if len(spare) >= SPARE_WAITERS:
+            return False
+        spare.append(waiter)
+        return True
+
+    def _claiming(self, waiter: str | None) -> PostgresQueueWaiter | None:
+        """The open waiter a claim names, marked as maybe registered until it answers."""
+        if waiter is None:
+            return None
+        found = self._open.get(waiter)
+        if found is not None:
+            found.clean = False
+        return found
 
     def _one(self, op: str, params: dict[str, Any]) -> Any:
         # "now": a virtual store clock in tests (connection.clock_override), else None.
@@ -94,6 +133,7 @@ class PostgresQueueBackend(LocalQueueWaits):
         # A consumer that may wait is woken on its client's own LISTEN channel (schema
         # version 4); None: on the schema's channel.
         channel = (self.connection.wake_channel() or None) if waiter is not None else None
+        armed = self._claiming(waiter)
         row = self._one(
             "claim",
             {
@@ -101,6 +141,8 @@ class PostgresQueueBackend(LocalQueueWaits):
                 "max": max_attempts, "waiter": waiter, "channel": channel,
             },
         )
+        if armed is not None and row[0]:
+            armed.clean = True  # the claim that delivered deleted its registration
         return _claim_result(row, receipt)
 
     def ack_claim(
@@ -118,6 +160,7 @@ class PostgresQueueBackend(LocalQueueWaits):
         """ack, then claim, in one transaction (one round trip, one commit): the worker
         loop's step between two messages. ``waiter`` must not be registered yet."""
         channel = (self.connection.wake_channel() or None) if waiter is not None else None
+        armed = self._claiming(waiter)
         row = self._one(
             "ack_claim",
             {
@@ -126,6 +169,8 @@ class PostgresQueueBackend(LocalQueueWaits):
                 "waiter": waiter, "channel": channel,
             },
         )
+        if armed is not None and row[1]:
+            armed.clean = True
         return bool(row[0]), _claim_result(row[1:], receipt)
 
     def ack(self, name: str, id: str, receipt: str) -> bool:
@@ -181,5 +226,18 @@ class PostgresQueueBackend(LocalQueueWaits):
         return [r[0] for r in rows]
 
     def open_waiter(self, name: str) -> PostgresQueueWaiter:
-        return PostgresQueueWaiter(self, name, self.connection.listening())
+        listener = self.connection.listening()
+        spare = self._spare.get(name)
+        while spare:
+            try:
+                waiter = spare.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if waiter._listener is listener:
+                self._open[waiter.id] = waiter
+                return waiter
+            # Made before a fork, on the parent's abandoned listener: dropped, untouched.
+        waiter = PostgresQueueWaiter(self, name, listener)
+        self._open[waiter.id] = waiter
+        return waiter
 

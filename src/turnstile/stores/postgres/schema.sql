@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 12): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 13): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0012) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0013) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -181,10 +181,14 @@ CREATE TABLE __SCHEMA__.queue_messages (
     UNIQUE (queue_id, id)
 );
 
-CREATE INDEX queue_messages_by_state ON __SCHEMA__.queue_messages (queue_id, state, seq);
+CREATE INDEX queue_messages_ready ON __SCHEMA__.queue_messages (queue_id, seq)
+    WHERE state = 0;
+
+CREATE INDEX queue_messages_dead ON __SCHEMA__.queue_messages (queue_id, seq)
+    WHERE state = 2;
 
 CREATE INDEX queue_messages_by_key ON __SCHEMA__.queue_messages (queue_id, key, seq)
-    WHERE state < 2;
+    WHERE state < 2 AND key IS NOT NULL;
 
 CREATE INDEX queue_messages_by_deadline ON __SCHEMA__.queue_messages (queue_id, deadline)
     WHERE state = 1;
@@ -1312,14 +1316,10 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_first timestamptz;
     v_count integer;
 BEGIN
-    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
-    WHERE m.queue_id = p_qid AND m.state = 1
-    ORDER BY m.deadline
-    LIMIT 1;
-    IF v_first IS NULL OR v_first > p_now THEN
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+                   WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now) THEN
         RETURN 0;
     END IF;
     UPDATE __SCHEMA__.queue_messages m
@@ -1419,9 +1419,11 @@ $$;
 -- pending message of the key), unless p_concurrency are in flight; else register p_waiter
 -- (if given; woken on p_channel, NULL: the schema's channel) and say when to look again.
 -- o_wake: how many waiters the step wakes (the caller wakes them, see queue_claim).
+-- p_purged: the caller purged the time-outs at p_now already.
 CREATE FUNCTION __SCHEMA__._queue_claim(
     p_qid bigint, p_receipt text, p_visibility double precision, p_concurrency integer,
     p_max_attempts integer, p_waiter text, p_now timestamptz, p_channel text,
+    p_purged boolean DEFAULT false,
     OUT o_found boolean, OUT o_id text, OUT o_key text, OUT o_body bytea, OUT o_kind smallint,
     OUT o_attempt integer, OUT o_enqueued_at double precision, OUT o_deadline double precision,
     OUT o_retry_after double precision, OUT o_wake integer)
@@ -1429,18 +1431,14 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_first timestamptz;
     v_freed integer := 0;
-    v_seq bigint;
-    v_deadline timestamptz;
+    v_deadline timestamptz := p_now + p_visibility * interval '1 second';
     v_next timestamptz;
 BEGIN
     o_found := false;
-    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
-    WHERE m.queue_id = p_qid AND m.state = 1
-    ORDER BY m.deadline
-    LIMIT 1;
-    IF v_first <= p_now THEN
+    IF NOT p_purged AND EXISTS (
+            SELECT 1 FROM __SCHEMA__.queue_messages m
+            WHERE m.queue_id = p_qid AND m.state = 1 AND m.deadline <= p_now) THEN
         v_freed := __SCHEMA__._queue_purge(p_qid, p_now);
     END IF;
     IF p_concurrency IS NOT NULL THEN
@@ -1450,20 +1448,29 @@ BEGIN
         IF p_concurrency IS NULL OR (SELECT count(*) FROM __SCHEMA__.queue_messages m
                                      WHERE m.queue_id = p_qid AND m.state = 1) < p_concurrency
         THEN
-            SELECT m.seq INTO v_seq FROM __SCHEMA__.queue_messages m
-            WHERE m.queue_id = p_qid AND m.state = 0 AND m.available_at <= p_now
-              AND (m.key IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM __SCHEMA__.queue_messages o
-                  WHERE o.queue_id = p_qid AND o.key = m.key AND o.state < 2 AND o.seq < m.seq))
-            ORDER BY m.seq
-            LIMIT 1
-            FOR UPDATE OF m SKIP LOCKED;
+            UPDATE __SCHEMA__.queue_messages m
+            SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
+                receipt = p_receipt, deadline = v_deadline
+            WHERE m.seq = (
+                SELECT r.seq FROM __SCHEMA__.queue_messages r
+                WHERE r.queue_id = p_qid AND r.state = 0 AND r.available_at <= p_now
+                  AND (r.key IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM __SCHEMA__.queue_messages o
+                      WHERE o.queue_id = p_qid AND o.key = r.key AND o.state < 2
+                        AND o.seq < r.seq))
+                ORDER BY r.seq
+                LIMIT 1
+                FOR UPDATE OF r SKIP LOCKED)
+            RETURNING true, m.id, m.key, m.body, m.kind, m.attempts,
+                      extract(epoch FROM m.enqueued_at)
+            INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
+            o_found := FOUND;
         END IF;
-        EXIT WHEN v_seq IS NOT NULL OR p_waiter IS NULL OR v_look = 2;
+        EXIT WHEN o_found OR p_waiter IS NULL OR v_look = 2;
         -- Nothing for a consumer that will wait: look again holding the waiter lock.
         PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(p_qid, 3));
     END LOOP;
-    IF v_seq IS NULL THEN
+    IF NOT o_found THEN
         IF p_waiter IS NOT NULL THEN
             -- A lapsed registration is forgotten: this one joins at the end.
             DELETE FROM __SCHEMA__.queue_waiters w
@@ -1488,14 +1495,6 @@ BEGIN
     IF p_waiter IS NOT NULL THEN
         DELETE FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = p_qid AND w.waiter = p_waiter;
     END IF;
-    v_deadline := p_now + p_visibility * interval '1 second';
-    UPDATE __SCHEMA__.queue_messages m
-    SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
-        receipt = p_receipt, deadline = v_deadline
-    WHERE m.seq = v_seq
-    RETURNING m.id, m.key, m.body, m.kind, m.attempts, extract(epoch FROM m.enqueued_at)
-    INTO o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
-    o_found := true;
     o_deadline := extract(epoch FROM v_deadline);
     o_wake := v_freed - 1;
 END
@@ -1513,20 +1512,59 @@ AS $$
 DECLARE
     v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_wake integer;
+    v_deadline timestamptz := v_now + p_visibility * interval '1 second';
+    v_expired boolean;
+    v_wake integer := 0;
+    v_claim_wake integer;
 BEGIN
-    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
-    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    -- The queue's id and whether a message in flight is past its deadline, in one look.
+    SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+                         WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
+    INTO v_qid, v_expired
+    FROM __SCHEMA__.queues q WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
     IF v_qid IS NULL THEN
-        v_qid := __SCHEMA__._queue_id(p_name);
+        v_qid := __SCHEMA__._queue_id(p_name);  -- a new queue: nothing in flight
+    ELSIF v_expired THEN
+        v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
     o_now := extract(epoch FROM v_now);
-    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
-           c.o_deadline, c.o_retry_after, c.o_wake
-    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
-         o_retry_after, v_wake
-    FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
-                                 p_max_attempts, p_waiter, v_now, p_channel) c;
+    -- _queue_claim's common case inline: no cap, and a message to hand out.
+    o_found := false;
+    IF p_concurrency IS NULL THEN
+        UPDATE __SCHEMA__.queue_messages m
+        SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
+            receipt = p_receipt, deadline = v_deadline
+        WHERE m.seq = (
+            SELECT r.seq FROM __SCHEMA__.queue_messages r
+            WHERE r.queue_id = v_qid AND r.state = 0 AND r.available_at <= v_now
+              AND (r.key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM __SCHEMA__.queue_messages o
+                  WHERE o.queue_id = v_qid AND o.key = r.key AND o.state < 2
+                    AND o.seq < r.seq))
+            ORDER BY r.seq
+            LIMIT 1
+            FOR UPDATE OF r SKIP LOCKED)
+        RETURNING true, m.id, m.key, m.body, m.kind, m.attempts,
+                  extract(epoch FROM m.enqueued_at)
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
+        o_found := FOUND;
+    END IF;
+    IF o_found THEN
+        IF p_waiter IS NOT NULL THEN
+            DELETE FROM __SCHEMA__.queue_waiters w
+            WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
+        END IF;
+        o_deadline := extract(epoch FROM v_deadline);
+        v_claim_wake := -1;
+    ELSE
+        SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+               c.o_deadline, c.o_retry_after, c.o_wake
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+             o_retry_after, v_claim_wake
+        FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
+                                     p_max_attempts, p_waiter, v_now, p_channel, true) c;
+    END IF;
+    v_wake := v_wake + v_claim_wake;  -- a delivery takes one of the freed messages
     IF v_wake > 0 THEN
         PERFORM __SCHEMA__._queue_wake(v_qid, p_name, v_wake, v_now, NULL);
     END IF;
@@ -1552,37 +1590,65 @@ AS $$
 DECLARE
     v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_first timestamptz;
+    v_deadline timestamptz := v_now + p_visibility * interval '1 second';
+    v_expired boolean;
     v_wake integer := 0;
     v_claim_wake integer;
 BEGIN
-    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
-    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    -- The queue's id and whether a message in flight is past its deadline, in one look.
+    SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+                         WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
+    INTO v_qid, v_expired
+    FROM __SCHEMA__.queues q WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
     IF v_qid IS NULL THEN
-        v_qid := __SCHEMA__._queue_id(p_name);
-    END IF;
-    o_now := extract(epoch FROM v_now);
-    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
-    WHERE m.queue_id = v_qid AND m.state = 1
-    ORDER BY m.deadline
-    LIMIT 1;
-    IF v_first <= v_now THEN
+        v_qid := __SCHEMA__._queue_id(p_name);  -- a new queue: nothing in flight
+    ELSIF v_expired THEN
         v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
+    o_now := extract(epoch FROM v_now);
     DELETE FROM __SCHEMA__.queue_messages m
-    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
-                   WHERE s.queue_id = v_qid AND s.id = p_id)
+    WHERE m.queue_id = v_qid AND m.id = p_id
       AND m.state = 1 AND m.receipt = p_ack_receipt AND m.deadline > v_now;
     o_acked := FOUND;
     IF o_acked THEN
         v_wake := v_wake + 1;
     END IF;
-    SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
-           c.o_deadline, c.o_retry_after, c.o_wake
-    INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
-         o_retry_after, v_claim_wake
-    FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
-                                 p_max_attempts, p_waiter, v_now, p_channel) c;
+    -- _queue_claim's common case inline: no cap, and a message to hand out.
+    o_found := false;
+    IF p_concurrency IS NULL THEN
+        UPDATE __SCHEMA__.queue_messages m
+        SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
+            receipt = p_receipt, deadline = v_deadline
+        WHERE m.seq = (
+            SELECT r.seq FROM __SCHEMA__.queue_messages r
+            WHERE r.queue_id = v_qid AND r.state = 0 AND r.available_at <= v_now
+              AND (r.key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM __SCHEMA__.queue_messages o
+                  WHERE o.queue_id = v_qid AND o.key = r.key AND o.state < 2
+                    AND o.seq < r.seq))
+            ORDER BY r.seq
+            LIMIT 1
+            FOR UPDATE OF r SKIP LOCKED)
+        RETURNING true, m.id, m.key, m.body, m.kind, m.attempts,
+                  extract(epoch FROM m.enqueued_at)
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at;
+        o_found := FOUND;
+    END IF;
+    IF o_found THEN
+        IF p_waiter IS NOT NULL THEN
+            DELETE FROM __SCHEMA__.queue_waiters w
+            WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
+        END IF;
+        o_deadline := extract(epoch FROM v_deadline);
+        v_claim_wake := -1;
+    ELSE
+        SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt, c.o_enqueued_at,
+               c.o_deadline, c.o_retry_after, c.o_wake
+        INTO o_found, o_id, o_key, o_body, o_kind, o_attempt, o_enqueued_at, o_deadline,
+             o_retry_after, v_claim_wake
+        FROM __SCHEMA__._queue_claim(v_qid, p_receipt, p_visibility, p_concurrency,
+                                     p_max_attempts, p_waiter, v_now, p_channel, true) c;
+    END IF;
     v_wake := v_wake + greatest(v_claim_wake, 0);
     IF v_wake > 0 THEN
         -- _queue_wake's lock, then a look whether anyone waits at all (mostly nobody does
@@ -1627,25 +1693,22 @@ AS $$
 DECLARE
     v_qid bigint;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_first timestamptz;
+    v_expired boolean;
     v_wake integer := 0;
     v_acked boolean;
 BEGIN
-    SELECT q.id INTO v_qid FROM __SCHEMA__.queues q
-    WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
+    -- The queue's id and whether a message in flight is past its deadline, in one look.
+    SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
+                         WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
+    INTO v_qid, v_expired
+    FROM __SCHEMA__.queues q WHERE q.key = sha256(convert_to(p_name, 'UTF8'));
     IF v_qid IS NULL THEN
-        v_qid := __SCHEMA__._queue_id(p_name);
-    END IF;
-    SELECT m.deadline INTO v_first FROM __SCHEMA__.queue_messages m
-    WHERE m.queue_id = v_qid AND m.state = 1
-    ORDER BY m.deadline
-    LIMIT 1;
-    IF v_first <= v_now THEN
+        v_qid := __SCHEMA__._queue_id(p_name);  -- a new queue: nothing in flight
+    ELSIF v_expired THEN
         v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
     DELETE FROM __SCHEMA__.queue_messages m
-    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
-                   WHERE s.queue_id = v_qid AND s.id = p_id)
+    WHERE m.queue_id = v_qid AND m.id = p_id
       AND m.state = 1 AND m.receipt = p_receipt AND m.deadline > v_now;
     v_acked := FOUND;
     IF v_acked THEN
