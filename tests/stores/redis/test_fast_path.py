@@ -17,7 +17,7 @@ import pytest
 import turnstile
 from turnstile.stores.redis import keys as redis_keys
 
-from ._tools import RedisProcess, redis_process
+from ._tools import RedisProcess, redis_process, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -53,19 +53,29 @@ def _calls(server: RedisProcess) -> dict[str, int]:
     return {k: n for k, n in stats.items() if k not in ("info", "hello", "time")}
 
 
+def _spent(server: RedisProcess, action: Callable[[], object]) -> dict[str, int]:
+    """The commands the server ran during ``action`` (those inside scripts included)."""
+    before = _calls(server)
+    action()
+    after = _calls(server)
+    spent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {k: n for k, n in spent.items() if n}
+
+
 def test_an_idle_name_costs_two_short_scripts_per_acquire_and_release(
     client: turnstile.Client, server: RedisProcess
 ) -> None:
     lock = client.lock("idle", ttl=30)
     for _ in range(2):  # the first release learns the name idle; scripts get loaded
         lock.acquire(timeout=1).release()
-    before = _calls(server)
-    for _ in range(10):
-        lease = lock.acquire(timeout=1)
-        assert lease.release() is True
-    after = _calls(server)
-    spent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    spent = {k: n for k, n in spent.items() if n}
+    leases: list[turnstile.Lease] = []
+
+    def cycles() -> None:
+        for _ in range(10):
+            leases.append(lock.acquire(timeout=1))
+            assert leases[-1].release() is True
+
+    spent = _spent(server, cycles)
     # Per cycle: acquire = HMGET, TIME, HSET, ZADD, PEXPIREAT (the holder index was empty,
     # so it is made again); release = HMGET, TIME, HDEL, ZREM, HSET.
     assert spent == {
@@ -78,7 +88,7 @@ def test_an_idle_name_costs_two_short_scripts_per_acquire_and_release(
         "zrem": 10,
     }, spent
     # Tokens still grow, and the name is left with nothing but its counter.
-    assert lock.acquire(timeout=1).token > lease.token
+    assert lock.acquire(timeout=1).token > leases[-1].token
 
 
 def test_a_holder_written_by_a_client_without_fast_paths_is_seen(
@@ -156,19 +166,8 @@ def _waiter(
     lock = client.lock(name, ttl=30)
     thread = threading.Thread(target=lambda: handed.append(lock.acquire(timeout=10)))
     thread.start()
-    deadline = time.monotonic() + 10
-    while len(lock.status().waiters) < waiters and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert len(lock.status().waiters) == waiters
+    assert wait_until(lambda: len(lock.status().waiters) == waiters, 10)
     return thread
-
-
-def _spent(server: RedisProcess, action: Callable[[], object]) -> dict[str, int]:
-    before = _calls(server)
-    action()
-    after = _calls(server)
-    spent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    return {k: n for k, n in spent.items() if n}
 
 
 def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
