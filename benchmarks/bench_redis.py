@@ -454,6 +454,7 @@ def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
     reference: dict[str, float] = {}
 
     def timed(step: str, action: Callable[[], Any]) -> Any:
+        """Run ``action`` and count the script it sent as ``step``."""
         calls, usec, others = _script_stats(r)
         out = action()
         calls2, usec2, others2 = _script_stats(r)
@@ -461,6 +462,11 @@ def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
             times[step].append(usec2 - usec)
             inside[step].append(others2 - others)
         return out
+
+    def joined() -> None:
+        """B asks from a thread; done when its DEBUG log says it is in line."""
+        waiter.start()
+        queued.wait(10)
 
     try:
         for _ in range(3):  # warm up: scripts loaded, connections open
@@ -483,16 +489,10 @@ def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
             lease = timed(_STEPS[0], lambda: client_a.lock("n").acquire(holder="cost-a"))
             got: list[Any] = []
             queued.clear()
-            calls, usec, others = _script_stats(r)
             waiter = threading.Thread(
                 target=lambda got=got: got.append(client_b.lock("n").acquire(holder="cost-b"))
             )
-            waiter.start()
-            queued.wait(10)
-            calls2, usec2, others2 = _script_stats(r)
-            if calls2 - calls == 1:
-                times[_STEPS[1]].append(usec2 - usec)
-                inside[_STEPS[1]].append(others2 - others)
+            timed(_STEPS[1], joined)
             timed(_STEPS[2], lease.release)
             waiter.join()
             timed(_STEPS[3], got[0].release)
