@@ -59,8 +59,8 @@ TURNSTILE = "turnstile postgres"
 BARE = "turnstile postgres, no renewer"
 NOTIFY_ROW = "row + NOTIFY (hand-rolled)"
 RELAXED = "turnstile postgres, durability=relaxed"
-PREPARED = "turnstile postgres, prepare=on"
-RELAXED_PREPARED = "turnstile postgres, durability=relaxed, prepare=on"
+UNPREPARED = "turnstile postgres, prepare=off"
+RELAXED_UNPREPARED = "turnstile postgres, durability=relaxed, prepare=off"
 # Issue 13.3: the opt-in fast mode for locks (synchronous_commit off per lock transaction).
 TARGET_RELAXED_VS_ADVISORY = 0.6
 TARGET_RELAXED_VS_BOUND = 0.9
@@ -98,23 +98,23 @@ def idle_probe(url: str, schema: str, pause: float, rounds: int = 40) -> dict[st
 
 
 
-def prepared_contenders(url: str, schema: str) -> list[Contender]:
-    """The uncontended rows only: the same `with` block on a URL with prepare=on (server-side
-    prepared statements; acquire and release as one plain statement each)."""
+def unprepared_contenders(url: str, schema: str) -> list[Contender]:
+    """The uncontended rows only: the same `with` block on a URL with prepare=off (no
+    server-side prepared statements; acquire and release as function calls), which the
+    default (prepare=on) is compared with."""
     sep = "&" if "?" in url else "?"
-    turnstile_url = f"{url}{sep}schema={schema}&prepare=on"
+    turnstile_url = f"{url}{sep}schema={schema}&prepare=off"
     probe = TransactionCounter(url)
     return [
         Contender(
-            PREPARED,
+            UNPREPARED,
             functools.partial(TurnstileLock, turnstile_url),
-            "`with lock.acquire():` on a URL with `prepare=on` (server-side prepared "
-            "statements; not through a transaction pooler without support for them): "
-            "uncontended only",
+            "`with lock.acquire():` on a URL with `prepare=off` (no server-side prepared "
+            "statements: each call parsed and planned): uncontended only",
             probe,
         ),
         Contender(
-            RELAXED_PREPARED,
+            RELAXED_UNPREPARED,
             functools.partial(TurnstileLock, f"{turnstile_url}&durability=relaxed"),
             "the same with `durability=relaxed`: uncontended only",
             probe,
@@ -320,8 +320,8 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         f"- **Uncontended.** Turnstile {fmt(t.ops_per_s)} acquire+release/s"
         + (f" ({fmt(bare_u.ops_per_s)}/s without the renewer)" if bare_u else "")
         + (
-            f", {fmt(unc[PREPARED].ops_per_s)}/s with `prepare=on`"
-            if PREPARED in unc
+            f", {fmt(unc[UNPREPARED].ops_per_s)}/s with `prepare=off`"
+            if UNPREPARED in unc
             else ""
         )
         + f", pg_advisory_lock {fmt(b.ops_per_s)}/s, naive row "
@@ -330,13 +330,13 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "durable transaction, so it pays a WAL flush per call with `synchronous_commit = "
         "on`, as the naive row does. On an idle name each is one UPDATE of the name's row "
         "(schema version 12: the grant kept in the row, a HOT update, the fencing counter "
-        "written with it), inside a PL/pgSQL function call (with `prepare=on`, one plain "
-        "prepared statement that calls the function only when the name is busy; no waiter "
-        "is armed and no LISTEN connection opened unless the acquire has to wait); what "
-        "remains is the client's own work per call (the pool, the lease and its renewer), "
-        "the PL/pgSQL call itself and, without `prepare=on`, the parsing and planning of "
-        "each call, which the naive row (psycopg prepares a statement from its fifth use) "
-        "skips."
+        "written with it), sent as one plain prepared statement (named by a hash of its "
+        "text, so safe through any pooler) that calls the PL/pgSQL function only when the "
+        "name is busy (with `prepare=off`, the function call, parsed and planned at every "
+        "call); no waiter is armed and no LISTEN connection opened unless the acquire has "
+        "to wait. What remains is the client's own work per call (the pool, the lease and "
+        "its renewer) and the statement's own: it reads the name's row, checks for a fast "
+        "grant and writes the token counter, where the naive row only inserts or deletes."
     )
     naive_u = unc["naive row (1 s poll)"].ops_per_s
     summary.insert(
@@ -345,9 +345,9 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         f"{'met' if t.ops_per_s >= naive_u else 'missed'} ({fmt(t.ops_per_s)}/s = "
         f"{t.ops_per_s / naive_u:.2f}x"
         + (
-            f"; with prepare=on {fmt(unc[PREPARED].ops_per_s)}/s = "
-            f"{unc[PREPARED].ops_per_s / naive_u:.2f}x"
-            if PREPARED in unc
+            f"; with prepare=off {fmt(unc[UNPREPARED].ops_per_s)}/s = "
+            f"{unc[UNPREPARED].ops_per_s / naive_u:.2f}x"
+            if UNPREPARED in unc
             else ""
         )
         + ")",
@@ -355,13 +355,14 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     relaxed_u = unc.get(RELAXED)
     if relaxed_u is not None:
         ratio = relaxed_u.ops_per_s / b.ops_per_s
-        both = unc.get(RELAXED_PREPARED)
+        both = unc.get(RELAXED_UNPREPARED)
         summary.append(
             f"durability=relaxed uncontended ≥ {TARGET_RELAXED_VS_ADVISORY:g}x "
             f"pg_advisory_lock {'met' if ratio >= TARGET_RELAXED_VS_ADVISORY else 'missed'} "
             f"({fmt(relaxed_u.ops_per_s)}/s = {ratio:.2f}x"
             + (
-                f"; with prepare=on {fmt(both.ops_per_s)}/s = {both.ops_per_s / b.ops_per_s:.2f}x"
+                f"; with prepare=off {fmt(both.ops_per_s)}/s = "
+                f"{both.ops_per_s / b.ops_per_s:.2f}x"
                 if both is not None
                 else ""
             )
@@ -508,7 +509,7 @@ class PostgresBench(LockBench):
             # median of several (interleaved over the contenders).
             webhook_trials=(1,) if quick else (7, 3),
         )
-        extra = prepared_contenders(url, schema)
+        extra = unprepared_contenders(url, schema)
         uncontended = [c for c in main if c.label not in ("naive row (50 ms poll)", NOTIFY_ROW)]
         uncontended[3:3] = extra  # after the relaxed row, before pg_advisory_lock
         locks = self.run_locks(args, main, sizes, uncontended=uncontended)

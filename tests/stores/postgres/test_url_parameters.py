@@ -25,7 +25,7 @@ def test_defaults_and_pass_through() -> None:
     c = parse("postgres://u:pw@h:5433/db?sslmode=require")
     assert c.schema == "turnstile" and (c.pool_min, c.pool_max) == (1, 10)
     assert c.retry_timeout == pg.DEFAULT_RETRY_TIMEOUT
-    assert not c.prepare and c.statement("acquire") == c.query("acquire")
+    assert c.prepare and c.statement("acquire") == c.query("acquire_fast")
     assert c.conninfo.startswith("postgres://u:pw@h:5433/db?")
     assert query(c.conninfo) == {
         "sslmode": "require", "connect_timeout": "5", "application_name": "turnstile"
@@ -57,8 +57,12 @@ def test_spaces_reach_libpq_percent_encoded() -> None:
 
 
 def test_prepare_option() -> None:
-    """prepare=on: server-side prepared statements, and acquire and release sent as the plain
-    statements (their relaxed form sets synchronous_commit in the statement itself)."""
+    """prepare=on (the default): server-side prepared statements, and acquire and release
+    sent as the plain statements (their relaxed form sets synchronous_commit in the statement
+    itself); prepare=off: their function calls."""
+    off = parse("postgresql://h/db?prepare=off")
+    assert not off.prepare and off.statement("acquire") == off.query("acquire")
+    assert off.statement("release") == off.query("release")
     c = parse("postgresql://h/db?prepare=on")
     assert c.prepare and "prepare" not in query(c.conninfo)
     assert c.statement("acquire") == c.query("acquire_fast")

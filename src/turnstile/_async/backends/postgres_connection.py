@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..._core import forks
 from ...errors import BackendUnavailable
+from ...stores.postgres import prepared
 from ...stores.postgres import sql as pg
 from .. import _compat
 from .postgres_listen import LISTEN_START_WAIT, AsyncListener
@@ -31,6 +32,9 @@ log = logging.getLogger("turnstile.postgres")
 # again: a connection attempt made while the server was down is given up at once (see
 # new_pool), so a request queued then must not wait for it (see _getconn).
 GETCONN_SLICE = 0.1
+
+# A statement that met this many prepared-statement misses in one call is sent unprepared.
+MISSES_PER_CALL = 3
 
 
 def _utc(epoch: float | None) -> datetime.datetime | None:
@@ -50,6 +54,12 @@ class AsyncPostgresConnection:
         self.clock_override: Callable[[], float] | None = None
         self.statements = 0  # statements sent, retries included (benchmarks count them)
         self._queues: AsyncPostgresQueueBackend | None = None
+        # Prepared statements (prepare=on, the default; stores/postgres/prepared.py): on
+        # until this client has met MAX_MISSES statements its server connections lost or
+        # already had, then off, with acquire and release sent as their function calls.
+        self.preparing = config.prepare and prepared.COMPATIBLE
+        self.prepare_misses = 0
+        self._unprepared = {config.statement(n): config.query(n) for n in ("acquire", "release")}
 
     def queues(self) -> AsyncPostgresQueueBackend:
         """The queue operations in this schema, sharing this connection."""
@@ -81,10 +91,13 @@ class AsyncPostgresConnection:
     ) -> Any:
         """Run one statement (one autocommit transaction), retrying over dropped connections
         and restarts for up to ``retry_timeout``: every operation is idempotent per holder,
-        so running it again after a failure whose outcome is unknown is safe."""
+        so running it again after a failure whose outcome is unknown is safe. A prepared
+        statement the server connection lost or already had (``prepared.miss_kind``: it
+        did not run) is sent again at once."""
         await self.check_fork()
         deadline = time.monotonic() + self.config.retry_timeout
         pause = 0.0
+        misses = 0
         while True:
             if self._closed:
                 raise BackendUnavailable(
@@ -95,10 +108,22 @@ class AsyncPostgresConnection:
                 conn = await self._getconn(wait)
                 try:
                     self.statements += 1
-                    cursor = await conn.execute(query, params)
+                    if self.preparing and misses < MISSES_PER_CALL:
+                        cursor = await conn.execute(query, params)
+                    else:
+                        query = self._unprepared.get(query, query)
+                        cursor = await conn.execute(query, params, prepare=False)
                     if many:
                         return await cursor.fetchall()
                     return await cursor.fetchone()
+                except psycopg.Error as exc:
+                    kind = prepared.miss_kind(exc)
+                    if kind is None:
+                        raise
+                    prepared.recover(conn, kind)
+                    self._missed(kind, action)
+                    misses += 1
+                    continue
                 finally:
                     await self._pool.putconn(conn)
             except psycopg.Error as exc:
@@ -113,6 +138,23 @@ class AsyncPostgresConnection:
                         await self._pool.check()
                 await _compat.sleep(pause)
                 pause = min(max(pause * 2, 0.02), 0.5)
+
+    def _missed(self, kind: str, action: str) -> None:
+        """Count a prepared-statement miss; after MAX_MISSES stop preparing (each miss
+        costs a round trip, and a server side that keeps losing statements gains nothing
+        from them). With preparing off no miss can happen, so the retry loop ends."""
+        self.prepare_misses += 1
+        log.debug("PostgreSQL %s: prepared statement miss (SQLSTATE %s)", action, kind)
+        if self.preparing and self.prepare_misses >= prepared.MAX_MISSES:
+            self.preparing = False
+            log.warning(
+                "PostgreSQL at %s: %d prepared statements were missing from, or already on, "
+                "the server connection they ran on (a transaction pooler without "
+                "prepared-statement support?); this client sends them unprepared from now "
+                "on. Add prepare=off to the URL to start that way.",
+                self.config.display,
+                self.prepare_misses,
+            )
 
     async def _getconn(self, timeout: float) -> Any:
         """A connection from the pool within ``timeout`` seconds.
@@ -164,15 +206,22 @@ class AsyncPostgresConnection:
         await self._pool.close()
 
 
+async def _prepare(conn: Any) -> None:
+    """A new pooled connection prepares each statement at its first use, by hashed name."""
+    prepared.install(conn)
+
+
 def new_pool(config: pg.PostgresConfig) -> AsyncConnectionPool[Any]:
     """The client's connection pool, not opened yet."""
     return AsyncConnectionPool(
         config.conninfo,
         min_size=config.pool_min,
         max_size=config.pool_max,
-        # prepare=on: every statement prepared on its first use on a connection (0);
-        # off: never (None), as a transaction pooler needs.
-        kwargs={"autocommit": True, "prepare_threshold": 0 if config.prepare else None},
+        # prepare=on: every statement prepared on its first use on a connection, under a
+        # name hashed from its text (stores/postgres/prepared.py, installed by configure);
+        # off: never.
+        kwargs={"autocommit": True, "prepare_threshold": None},
+        configure=_prepare if config.prepare else None,
         open=False,
         name="turnstile",
         timeout=config.connect_timeout,

@@ -241,12 +241,12 @@ class PostgresConfig:
     # "durable" (every commit waits for its WAL on disk) or "relaxed" (lock, semaphore and
     # rate-limit commits do not: see docs/postgres.md, "Durability")
     durability: str = "durable"
-    # Server-side prepared statements (prepare=on): each pooled connection parses and plans
-    # each statement once, and acquire and release are sent as plain statements
-    # (queries.sql, acquire_fast and release_fast). Off by default: a transaction pooler
-    # without prepared-statement support (PgBouncer before 1.21, or max_prepared_statements
-    # = 0) would run a statement prepared on another server connection.
-    prepare: bool = False
+    # Server-side prepared statements (prepare=on, the default): each pooled connection
+    # parses and plans each statement once, under a name hashed from its text (prepared.py:
+    # safe through any pooler, where a server connection holding that name holds that
+    # text), and acquire and release are sent as plain statements (queries.sql,
+    # acquire_fast and release_fast). prepare=off: nothing prepared.
+    prepare: bool = True
 
     @property
     def channel(self) -> str:
@@ -317,8 +317,8 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
     direct or session-mode one when the main URL is a transaction pooler). Everything else
     is passed to libpq unchanged. ``durability=relaxed`` lets lock, semaphore and rate-limit
     operations commit without waiting for the disk (see docs/postgres.md, "Durability").
-    ``prepare=on`` uses server-side prepared statements (not through a transaction pooler
-    that lacks support for them; see docs/postgres.md, "Connection pooling")."""
+    ``prepare`` (``on``, the default, or ``off``) says whether to use server-side prepared
+    statements (see docs/postgres.md, "Connection pooling")."""
     display = redact(url)
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
@@ -375,10 +375,10 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
             f"URL parameter durability={ours['durability']!r} must be 'durable' (the default) "
             "or 'relaxed'"
         )
-    prepare = ours.get("prepare", "off").lower()
+    prepare = ours.get("prepare", "on").lower()
     if prepare not in ("on", "off"):
         raise ConfigurationError(
-            f"URL parameter prepare={ours['prepare']!r} must be 'on' or 'off' (the default)"
+            f"URL parameter prepare={ours['prepare']!r} must be 'on' (the default) or 'off'"
         )
     listen = ours.get("listen", "on").lower()
     if listen not in ("on", "off"):
