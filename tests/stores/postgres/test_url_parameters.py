@@ -130,3 +130,12 @@ def test_queries_and_migrations_load() -> None:
     assert [v for v, _, _ in pg.MIGRATIONS] == list(range(1, pg.SCHEMA_VERSION + 1))
     for text in pg.QUERIES.values():
         assert "--" not in text.split("\n", 1)[0]
+
+
+@pytest.mark.parametrize("key", ["listen", "prepare"])
+def test_switches_take_on_or_off_in_any_case_and_name_themselves(key: str) -> None:
+    off = parse(f"postgresql://h/db?{key}=OFF")
+    assert not off.prepare if key == "prepare" else off.listen_conninfo is None
+    with pytest.raises(ConfigurationError) as info:
+        parse(f"postgresql://h/db?{key}=Maybe")
+    assert str(info.value) == f"URL parameter {key}='Maybe' must be 'on' (the default) or 'off'"

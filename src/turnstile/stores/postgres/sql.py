@@ -293,6 +293,16 @@ def _int_param(params: dict[str, str], key: str, default: int, low: int, high: i
     return value
 
 
+def _on_off(params: dict[str, str], key: str) -> bool:
+    """A switch that is on by default (``prepare``, ``listen``): ``on`` or ``off``, any case."""
+    raw = params.get(key, "on")
+    if raw.lower() not in ("on", "off"):
+        raise ConfigurationError(
+            f"URL parameter {key}={raw!r} must be 'on' (the default) or 'off'"
+        )
+    return raw.lower() == "on"
+
+
 def _libpq_url(parts: SplitResult, params: list[tuple[str, str]], app_suffix: str) -> str:
     keys = {k for k, _ in params}
     extra: list[tuple[str, str]] = []
@@ -375,17 +385,11 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
             f"URL parameter durability={ours['durability']!r} must be 'durable' (the default) "
             "or 'relaxed'"
         )
-    prepare = ours.get("prepare", "on").lower()
-    if prepare not in ("on", "off"):
-        raise ConfigurationError(
-            f"URL parameter prepare={ours['prepare']!r} must be 'on' (the default) or 'off'"
-        )
-    listen = ours.get("listen", "on").lower()
-    if listen not in ("on", "off"):
-        raise ConfigurationError(f"URL parameter listen={listen!r} must be 'on' or 'off'")
+    prepare = _on_off(ours, "prepare")
+    listen = _on_off(ours, "listen")
     conninfo = _libpq_url(parts, rest, "")
     listen_conninfo: str | None = None
-    if listen == "on":
+    if listen:
         if "listen_url" in ours:
             listen_url = ours["listen_url"]
             try:
@@ -419,7 +423,7 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
         display=display,
         secrets=secrets,
         durability=durability,
-        prepare=prepare == "on",
+        prepare=prepare,
     )
 
 
