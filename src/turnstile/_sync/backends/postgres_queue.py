@@ -103,6 +103,20 @@ class PostgresQueueBackend(LocalQueueWaits):
             found.clean = False
         return found
 
+    def _claim_step(
+        self, op: str, params: dict[str, Any], waiter: str | None, *, found: int
+    ) -> Any:
+        """Run a step that claims (``claim``, ``ack_claim``) for ``waiter``, if any: woken on
+        its client's own LISTEN channel (schema version 4; None: on the schema's channel),
+        and marked as maybe registered until a reply whose column ``found`` says it
+        delivered, which deleted the registration."""
+        channel = (self.connection.wake_channel() or None) if waiter is not None else None
+        armed = self._claiming(waiter)
+        row = self._one(op, {**params, "waiter": waiter, "channel": channel})
+        if armed is not None and row[found]:
+            armed.clean = True
+        return row
+
     def _one(self, op: str, params: dict[str, Any]) -> Any:
         # "now": a virtual store clock in tests (connection.clock_override), else None.
         return self.connection.run(
@@ -130,19 +144,15 @@ class PostgresQueueBackend(LocalQueueWaits):
         max_attempts: int,
         waiter: str | None,
     ) -> ClaimResult:
-        # A consumer that may wait is woken on its client's own LISTEN channel (schema
-        # version 4); None: on the schema's channel.
-        channel = (self.connection.wake_channel() or None) if waiter is not None else None
-        armed = self._claiming(waiter)
-        row = self._one(
+        row = self._claim_step(
             "claim",
             {
                 "name": name, "receipt": receipt, "vt": visibility_timeout, "cap": concurrency,
-                "max": max_attempts, "waiter": waiter, "channel": channel,
+                "max": max_attempts,
             },
+            waiter,
+            found=0,
         )
-        if armed is not None and row[0]:
-            armed.clean = True  # the claim that delivered deleted its registration
         return _claim_result(row, receipt)
 
     def ack_claim(
@@ -159,18 +169,15 @@ class PostgresQueueBackend(LocalQueueWaits):
     ) -> tuple[bool, ClaimResult]:
         """ack, then claim, in one transaction (one round trip, one commit): the worker
         loop's step between two messages. ``waiter`` must not be registered yet."""
-        channel = (self.connection.wake_channel() or None) if waiter is not None else None
-        armed = self._claiming(waiter)
-        row = self._one(
+        row = self._claim_step(
             "ack_claim",
             {
                 "name": name, "id": id, "ack_receipt": ack_receipt, "receipt": receipt,
                 "vt": visibility_timeout, "cap": concurrency, "max": max_attempts,
-                "waiter": waiter, "channel": channel,
             },
+            waiter,
+            found=1,
         )
-        if armed is not None and row[1]:
-            armed.clean = True
         return bool(row[0]), _claim_result(row[1:], receipt)
 
     def ack(self, name: str, id: str, receipt: str) -> bool:
