@@ -61,6 +61,7 @@ NOTIFY_ROW = "row + NOTIFY (hand-rolled)"
 RELAXED = "turnstile postgres, durability=relaxed"
 UNPREPARED = "turnstile postgres, prepare=off"
 RELAXED_UNPREPARED = "turnstile postgres, durability=relaxed, prepare=off"
+RELAXED_NAIVE = "naive row, synchronous_commit=off"
 # Issue 13.3: the opt-in fast mode for locks (synchronous_commit off per lock transaction).
 TARGET_RELAXED_VS_ADVISORY = 0.6
 TARGET_RELAXED_VS_BOUND = 0.9
@@ -101,10 +102,11 @@ def idle_probe(url: str, schema: str, pause: float, rounds: int = 40) -> dict[st
 
 
 
-def unprepared_contenders(url: str, schema: str) -> list[Contender]:
+def uncontended_contenders(url: str, schema: str) -> list[Contender]:
     """The uncontended rows only: the same `with` block on a URL with prepare=off (no
     server-side prepared statements; acquire and release as function calls), which the
-    default (prepare=on) is compared with."""
+    default (prepare=on) is compared with, and the naive row committing without waiting for
+    the disk, the floor of durability=relaxed."""
     sep = "&" if "?" in url else "?"
     turnstile_url = f"{url}{sep}schema={schema}&prepare=off"
     probe = TransactionCounter(url)
@@ -120,6 +122,14 @@ def unprepared_contenders(url: str, schema: str) -> list[Contender]:
             RELAXED_UNPREPARED,
             functools.partial(TurnstileLock, f"{turnstile_url}&durability=relaxed"),
             "the same with `durability=relaxed`: uncontended only",
+            probe,
+        ),
+        Contender(
+            RELAXED_NAIVE,
+            functools.partial(NaiveRowLock, url, schema, poll=1.0, timeout=120.0, relaxed=True),
+            "the naive row on a session with `synchronous_commit = off`: the floor of "
+            "`durability=relaxed` (one bare statement per acquire and per release, no line, "
+            "lease or token); uncontended only",
             probe,
         ),
     ]
@@ -369,7 +379,15 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                 if both is not None
                 else ""
             )
-            + f"; durable {fmt(unc[TURNSTILE].ops_per_s)}/s)"
+            + f"; durable {fmt(unc[TURNSTILE].ops_per_s)}/s"
+            + (
+                f"; the floor, the naive row with synchronous_commit = off, "
+                f"{fmt(unc[RELAXED_NAIVE].ops_per_s)}/s = "
+                f"{unc[RELAXED_NAIVE].ops_per_s / b.ops_per_s:.2f}x"
+                if RELAXED_NAIVE in unc
+                else ""
+            )
+            + ")"
         )
     for group in results["webhooks"]:
         found = {r.label: r for r in group}
@@ -512,7 +530,7 @@ class PostgresBench(LockBench):
             # median of several (interleaved over the contenders).
             webhook_trials=(1,) if quick else (7, 3),
         )
-        extra = unprepared_contenders(url, schema)
+        extra = uncontended_contenders(url, schema)
         uncontended = [c for c in main if c.label not in ("naive row (50 ms poll)", NOTIFY_ROW)]
         uncontended[3:3] = extra  # after the relaxed row, before pg_advisory_lock
         locks = self.run_locks(args, main, sizes, uncontended=uncontended)

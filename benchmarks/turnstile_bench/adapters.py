@@ -184,7 +184,9 @@ class NaiveRowLock(LockAdapter):
     ``target`` is a SQLite file (WAL; the row is read and written in one ``BEGIN IMMEDIATE``
     transaction, so it shares the file format and machine with Turnstile's backend) or a
     PostgreSQL URL (the table lives in ``schema``; one ``INSERT ... ON CONFLICT DO UPDATE ...
-    WHERE expired`` per attempt). :meth:`create_table` makes the table first.
+    WHERE expired`` per attempt). :meth:`create_table` makes the table first. ``relaxed``
+    (PostgreSQL): its session commits with ``synchronous_commit = off``, the floor of
+    Turnstile's ``durability=relaxed``.
     """
 
     def __init__(
@@ -194,12 +196,15 @@ class NaiveRowLock(LockAdapter):
         poll: float = 1.0,
         expiry: float = 600.0,
         timeout: float = 30.0,
+        relaxed: bool = False,
     ) -> None:
         self._pg = _is_postgres(target)
         if self._pg:
             import psycopg
 
             self._conn: Any = psycopg.connect(target, autocommit=True)
+            if relaxed:
+                self._conn.execute("SET synchronous_commit = off")
             self._table = f'"{schema}".naive_locks'
         else:
             self._conn = sqlite3.connect(target, timeout=30.0, isolation_level=None)
