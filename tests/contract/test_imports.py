@@ -6,31 +6,13 @@ tests/unit/test_http_extra.py)."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-from importlib.machinery import ModuleSpec
-from types import ModuleType
-
 import turnstile
 import turnstile.aio
 from tests.contract import queue_harness
+from tests.imports import imports_made
 
 aqclient = queue_harness.aqclient  # the fixtures, for this module
 qclient = queue_harness.qclient
-
-
-class _Counting:
-    """A meta path finder that finds nothing and records what it was asked for: only an
-    import of a module not in ``sys.modules`` reaches it."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-
-    def find_spec(
-        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        self.asked.append(name)
-        return None
 
 
 def _ops(client: turnstile.Client) -> None:
@@ -59,23 +41,15 @@ async def _aops(client: turnstile.aio.Client) -> None:
 
 def test_sync_operations_import_nothing_anew(qclient: turnstile.Client) -> None:
     _ops(qclient)  # what a first use imports, it imports here
-    finder = _Counting()
-    sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
-    try:
+    with imports_made() as asked:
         for _ in range(3):
             _ops(qclient)
-    finally:
-        sys.meta_path.remove(finder)  # type: ignore[arg-type]
-    assert finder.asked == [], f"imported at every use: {sorted(set(finder.asked))}"
+    assert asked == [], f"imported at every use: {sorted(set(asked))}"
 
 
 async def test_async_operations_import_nothing_anew(aqclient: turnstile.aio.Client) -> None:
     await _aops(aqclient)
-    finder = _Counting()
-    sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
-    try:
+    with imports_made() as asked:
         for _ in range(3):
             await _aops(aqclient)
-    finally:
-        sys.meta_path.remove(finder)  # type: ignore[arg-type]
-    assert finder.asked == [], f"imported at every use: {sorted(set(finder.asked))}"
+    assert asked == [], f"imported at every use: {sorted(set(asked))}"

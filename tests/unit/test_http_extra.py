@@ -7,33 +7,17 @@ request of ``turnstile.aio`` over HTTP (encode/httpcore#1103)."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import tomllib
-from collections.abc import Sequence
-from importlib.machinery import ModuleSpec
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.imports import imports_made
+
 ROOT = Path(__file__).resolve().parents[2]
 
 httpx = pytest.importorskip("httpx")
-
-
-class _Counting:
-    """A meta path finder that finds nothing and counts what it was asked for: only imports
-    of modules not yet in ``sys.modules`` reach it."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-
-    def find_spec(
-        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        self.asked.append(name)
-        return None
 
 
 def test_the_http_extra_names_sniffio() -> None:
@@ -64,24 +48,20 @@ def test_async_requests_import_nothing_anew() -> None:
 
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        finder = _Counting()
         try:
             async with httpx.AsyncClient() as client:
                 url = f"http://127.0.0.1:{port}/"
                 assert (await client.get(url)).text == "ok"  # imports made once are made here
-                sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
-                try:
+                with imports_made() as asked:
                     for _ in range(5):
                         assert (await client.get(url)).text == "ok"
-                finally:
-                    sys.meta_path.remove(finder)  # type: ignore[arg-type]
             # The client closed its connection: the handler sees the end of its stream.
             for done in finished:
                 await asyncio.wait_for(done.wait(), 10)
         finally:
             server.close()
             await server.wait_closed()
-        return finder.asked
+        return asked
 
     asked: Any = asyncio.run(main())
     assert asked == [], f"imported at every request: {sorted(set(asked))}"
