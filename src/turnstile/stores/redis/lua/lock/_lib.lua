@@ -59,6 +59,7 @@ local NOW = server_us()
 local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
            cb = false, pk = false, due = false}
 local pending = {}    -- D fields to write in finish(): field -> value
+local dropped = {}    -- D fields to delete in finish(), all in one HDEL: field -> true
 local extend = {}     -- keys whose expiry must cover the newest entry
 local newest = 0      -- latest expiry written by this operation
 -- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
@@ -202,6 +203,16 @@ local function prefixed(p, members)
   return out
 end
 
+-- Delete these D fields in finish(), in the same HDEL as every other field this step drops
+-- (a field written again later in the step is kept: finish() writes it instead). Only for
+-- steps that end in finish(); purge() deletes at once, as a step may return right after it.
+local function drop_fields(p, members)
+  for _, m in ipairs(members) do
+    pending[p .. m] = nil
+    dropped[p .. m] = true
+  end
+end
+
 -- Store holders {holder, record} as D fields and in the expiry index (one call each).
 local function put_holders(list)
   local z = {}
@@ -246,7 +257,7 @@ local function put_pending(holder, h)
 end
 
 local function drop_holder(holder)
-  redis.call('HDEL', D, unpack(prefixed('h:', {holder})))
+  drop_fields('h:', {holder})
   local gone = redis.call('ZREM', HX, holder)
   if HELD then HELD = HELD - gone end
   FIRST_HX = nil -- it may have been the earliest
@@ -254,7 +265,7 @@ local function drop_holder(holder)
 end
 
 local function drop_waiter(holder)
-  redis.call('HDEL', D, unpack(prefixed('w:', {holder})))
+  drop_fields('w:', {holder})
   redis.call('ZREM', WQ, holder)
   redis.call('ZREM', WX, holder)
   if S.cb then redis.call('ZREM', CW, holder) end
@@ -345,7 +356,7 @@ end
 -- records granted, by holder.
 local function grant_waiters(front, recs, claimant)
   local granted = {}
-  redis.call('HDEL', D, unpack(prefixed('w:', front)))
+  drop_fields('w:', front)
   redis.call('ZREM', WQ, unpack(front))
   redis.call('ZREM', WX, unpack(front))
   if S.cb then
@@ -511,6 +522,13 @@ local function finish()
     pending['=exp'] = fmt(covered)
     extend[D] = true
   end
+  -- Every field this step dropped, in one HDEL (a hand-over drops the old holder's record
+  -- and the granted waiter's), and every field it wrote, in one HSET.
+  local gone = {}
+  for f, _ in pairs(dropped) do
+    if pending[f] == nil then table.insert(gone, f) end
+  end
+  unpack_chunks(gone, function(c) redis.call('HDEL', D, unpack(c)) end)
   local fields = {}
   for f, v in pairs(pending) do
     table.insert(fields, f)

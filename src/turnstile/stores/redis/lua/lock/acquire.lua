@@ -58,7 +58,7 @@ else
   if S.limit ~= limit then pending['=limit'] = fmt(limit) end
   if S.pk ~= per_key then
     -- Only a name that was (or becomes) a group pays for this.
-    if per_key then pending['=pk'] = fmt(per_key) else redis.call('HDEL', D, '=pk') end
+    if per_key then pending['=pk'] = fmt(per_key) else drop_fields('', {'=pk'}) end
     S.pk = per_key
   end
 end
