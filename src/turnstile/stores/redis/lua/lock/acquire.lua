@@ -87,6 +87,7 @@ if mine then
 end
 
 local wait_id = ''
+local alone = false
 if S.waiting then
   -- Keep our place (a waiter is never behind free slots: promote left free = 0, or in a
   -- group no free slot its key could take).
@@ -112,6 +113,7 @@ elseif free > 0 and (not S.pk or key_has_room(key)) then
   finish()
   return grant_reply(h)
 elseif enqueue then
+  alone = NO_WAITERS -- the line is empty: this waiter is next
   local stamp = join(holder, lead)
   put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = stamp, expires = NOW + wait_ttl,
                       cb = callback, key = key})
@@ -119,7 +121,11 @@ elseif enqueue then
 end
 
 local position = -1
-if S.waiting or enqueue then position = redis.call('ZRANK', WQ, holder) or -1 end
+if alone then
+  position = 0
+elseif S.waiting or enqueue then
+  position = redis.call('ZRANK', WQ, holder) or -1
+end
 local retry = retry_after()
 finish()
 return noted({0, '', 0, 0, NOW, position, retry, wait_id})
