@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import turnstile
+from turnstile._core import ranking
 from turnstile.stores.redis import keys as redis_keys
 
 from ._tools import RedisProcess, redis_process, wait_until
@@ -194,3 +195,156 @@ def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
     assert spent["evalsha"] == 1 and "zrange" not in spent, spent
     assert handed[2].token > handed[1].token > handed[0].token
     handed[2].release()
+
+
+KEEP_US = 3600 * 1_000_000  # _head.lua: every key outlives its latest entry by this much
+
+
+def _hx_covers(server: RedisProcess, hx: str) -> bool:
+    """Whether HX's own expiry reaches KEEP_US past every lease in it."""
+    with server.admin() as admin:
+        pttl = admin.pttl(hx)
+        latest = max(score for _, score in admin.zrange(hx, 0, -1, withscores=True))
+    return pttl > 0 and _server_us(server) + pttl * 1000 >= latest + KEEP_US
+
+
+def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """The holder's "=fast" record (one holder, nobody in line) tells the join the line is
+    empty: no rank can collide (no ZCOUNT) and the waiter is next (no ZRANK). The join
+    leaves "=fast" saying at most one holder and nobody in line with a negative lead, so
+    the next join skips the ZCOUNT too (its position is read: someone is ahead)."""
+    lock = client.lock("join", ttl=30)
+    lock.acquire(timeout=1).release()  # scripts loaded; the name is idle
+    holder = lock.acquire(timeout=1)
+    ticket: list[turnstile.Ticket] = []
+    waiting = client.lock("join", ttl=4)
+    spent = _spent(server, lambda: ticket.append(waiting.try_acquire(holder="w1")))
+    assert ticket[0].position == 0
+    # HMGET, (TIME), ZRANGE of the holders, ZADD to the line and the expiry index, HSET, and
+    # the expiry of the line and the index (both made again: they were empty).
+    assert spent == {"evalsha": 1, "hmget": 1, "zrange": 1, "zadd": 2, "hset": 1, "pexpireat": 2}
+    spent = _spent(server, lambda: ticket.append(waiting.try_acquire(holder="w2")))
+    assert ticket[1].position == 1
+    assert spent == {
+        "evalsha": 1,
+        "hmget": 1,
+        "zrange": 1,
+        "zadd": 2,
+        "zrank": 1,
+        "hset": 1,
+        "pexpireat": 2,
+    }, spent
+    assert [w.holder for w in lock.status().waiters] == ["w1", "w2"]
+    holder.release()
+
+
+def test_a_release_that_hands_over_costs_13_commands(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """The holder's release, handing over to the front waiter: "=fast" (at most one holder)
+    tells it the caller was the only holder, so it does not count the holders; the grant
+    goes into HX before the old holder leaves it, so HX is never empty and keeps its expiry
+    (no PEXPIREAT: the grant ends before the old lease did); one HDEL drops both records."""
+    lock = client.lock("handover", ttl=30)
+    lock.acquire(timeout=1).release()
+    holder = lock.acquire(timeout=1)
+    client.lock("handover", ttl=4).try_acquire(holder="w1")
+    client.lock("handover", ttl=4).try_acquire(holder="w2")
+    lock.release("nobody", 1)  # the release script is loaded
+    spent = _spent(server, holder.release)
+    # HMGET x 2 (the name, the front waiter), (TIME), ZRANGE of the line, ZREM x 3 (line,
+    # waiters' expiry index, the old holder), ZADD of the grant, RPUSH and PEXPIRE of the
+    # wake-up, HDEL of both records, HSET.
+    assert spent == {
+        "evalsha": 1,
+        "hmget": 2,
+        "zrange": 1,
+        "zrem": 3,
+        "zadd": 1,
+        "rpush": 1,
+        "pexpire": 1,
+        "hdel": 1,
+        "hset": 1,
+    }, spent
+    status = lock.status()
+    assert [h.holder for h in status.holders] == ["w1"]
+    assert [w.holder for w in status.waiters] == ["w2"]
+    assert _hx_covers(server, _keys(client, "handover")[1])
+    # The new holder's release hands over in turn, just as cheaply ("=fast" still holds);
+    # here the grant outlasts the lease it replaces, so HX is given a later expiry.
+    w1 = client.lock("handover", ttl=4).try_acquire(holder="w1")  # claims: 4 s from now
+    assert w1.lease is not None
+    client.lock("handover", ttl=30).try_acquire(holder="w2")  # keeps its place
+    client.lock("handover", ttl=30).try_acquire(holder="w3")
+    spent = _spent(server, w1.lease.release)
+    assert spent.get("zrange") == 1 and spent.get("pexpireat") == 1, spent
+    status = lock.status()
+    assert [h.holder for h in status.holders] == ["w2"]
+    assert _hx_covers(server, _keys(client, "handover")[1])
+
+
+def test_a_second_holder_written_by_a_client_without_fast_paths_is_counted(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """"=fast" said at most one holder (the join wrote it); a client that knows nothing of
+    it then adds a holder (taking a token, as every grant does): the release must count the
+    holders again and grant nobody."""
+    lock = client.lock("two", ttl=30)
+    lock.acquire(timeout=1, holder="a").release()
+    lease = lock.acquire(timeout=1, holder="a")
+    assert client.lock("two", ttl=30).try_acquire(holder="w").position == 0
+    d, hx = _keys(client, "two")[:2]
+    now = _server_us(server)
+    with server.admin() as admin:
+        token = max(int(admin.hget(d, "=last")) + 1, now)
+        admin.hset(d, mapping={"h:old": f"{token} {now} {now + 30_000_000} 1", "=last": token})
+        admin.zadd(hx, {"old": now + 30_000_000})
+    assert lease.release() is True
+    status = lock.status()
+    assert [h.holder for h in status.holders] == ["old"]
+    assert [w.holder for w in status.waiters] == ["w"]
+
+
+def _join(client: turnstile.Client, name: str, holder: str, priority: int) -> None:
+    backend = client.backend
+    step = {"ttl": 60.0, "wait_ttl": 60.0, "ageing": 1e-6}  # lead = priority, in us
+    backend.acquire(name, holder, limit=1, enqueue=True, priority=priority, **step)
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["ours", "earlier-client"])
+def test_a_join_after_a_negative_priority_still_looks_for_a_rank_collision(
+    client: turnstile.Client, server: RedisProcess, old: bool
+) -> None:
+    """A waiter with a negative lead ranks after its own stamp, so a later stamp may meet
+    its rank: the join that follows looks (ZCOUNT) and arrives 1 us later, whether that
+    waiter was put in line by this client (which then stops saying "no negative lead") or
+    by one that knows nothing of "=fast" (its join took a stamp, which voids the record)."""
+    name = "neg"
+    lock = client.lock(name, ttl=60)
+    assert lock.try_acquire(holder="first").lease is not None
+    d, _hx, wx, wq = _keys(client, name)[:4]
+    start = _server_us(server) + 60_000_000
+    with server.admin() as admin:
+        admin.hset(d, "=seq", str(start))  # stamps known: the clock is behind "=seq"
+    _join(client, name, "w0", 0)  # start + 1; "=fast" now: no negative lead
+    if old:
+        # What a join of an earlier release writes for priority -1 (lead -1 us).
+        stamp, expires = start + 2, _server_us(server) + 60_000_000
+        with server.admin() as admin:
+            admin.hset(
+                d, mapping={"w:ng": f"60000000 60000000 {stamp} {expires}", "=seq": stamp}
+            )
+            admin.zadd(wq, {"ng": stamp + 1})
+            admin.zadd(wx, {"ng": expires})
+    else:
+        _join(client, name, "ng", -1)  # stamp start + 2, rank start + 3
+    # stamp start + 3 would rank start + 3, ng's rank: it arrives at start + 4 instead
+    # (a sorted set would otherwise put "aa" ahead of "ng").
+    spent = _spent(server, lambda: _join(client, name, "aa", 0))
+    assert spent.get("zcount") == 2, spent
+    status = lock.status()
+    assert [w.holder for w in status.waiters] == ["w0", "ng", "aa"]
+    stamps = [ranking.stamp_of(w.joined_at) - start for w in status.waiters]
+    assert stamps == [1, 2, 4]
