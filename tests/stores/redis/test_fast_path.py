@@ -200,12 +200,20 @@ def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
 KEEP_US = 3600 * 1_000_000  # _head.lua: every key outlives its latest entry by this much
 
 
-def _hx_covers(server: RedisProcess, hx: str) -> bool:
-    """Whether HX's own expiry reaches KEEP_US past every lease in it."""
+def _covered(server: RedisProcess, client: turnstile.Client, name: str) -> bool:
+    """Whether each of the name's zsets expires by itself no earlier than KEEP_US after its
+    latest entry (HX, WX: by their scores; WQ: by its waiters' entries in WX)."""
+    _d, hx, wx, wq = _keys(client, name)[:4]
+    now = _server_us(server)
     with server.admin() as admin:
-        pttl = admin.pttl(hx)
-        latest = max(score for _, score in admin.zrange(hx, 0, -1, withscores=True))
-    return pttl > 0 and _server_us(server) + pttl * 1000 >= latest + KEEP_US
+        expiry = {k: admin.pttl(k) for k in (hx, wx, wq)}
+        latest = {k: [int(s) for _, s in admin.zrange(k, 0, -1, withscores=True)] for k in (hx, wx)}
+        line = [m for m in admin.zrange(wq, 0, -1)]
+        latest[wq] = [int(admin.zscore(wx, m) or 0) for m in line]
+    for k, scores in latest.items():
+        if scores and not (expiry[k] > 0 and now + expiry[k] * 1000 >= max(scores) + KEEP_US):
+            return False
+    return True
 
 
 def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
@@ -214,7 +222,9 @@ def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
     """The holder's "=fast" record (one holder, nobody in line) tells the join the line is
     empty: no rank can collide (no ZCOUNT) and the waiter is next (no ZRANK). The join
     leaves "=fast" saying at most one holder and nobody in line with a negative lead, so
-    the next join skips the ZCOUNT too (its position is read: someone is ahead)."""
+    the next join skips the ZCOUNT too; its position is read (someone is ahead), which shows
+    the line and its expiry index were not made by this join: their expiry, given when
+    "=exp" last moved ("=all"), already covers the new entry."""
     lock = client.lock("join", ttl=30)
     lock.acquire(timeout=1).release()  # scripts loaded; the name is idle
     holder = lock.acquire(timeout=1)
@@ -227,26 +237,20 @@ def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
     assert spent == {"evalsha": 1, "hmget": 1, "zrange": 1, "zadd": 2, "hset": 1, "pexpireat": 2}
     spent = _spent(server, lambda: ticket.append(waiting.try_acquire(holder="w2")))
     assert ticket[1].position == 1
-    assert spent == {
-        "evalsha": 1,
-        "hmget": 1,
-        "zrange": 1,
-        "zadd": 2,
-        "zrank": 1,
-        "hset": 1,
-        "pexpireat": 2,
-    }, spent
+    assert spent == {"evalsha": 1, "hmget": 1, "zrange": 1, "zadd": 2, "zrank": 1, "hset": 1}
     assert [w.holder for w in lock.status().waiters] == ["w1", "w2"]
+    assert _covered(server, client, "join")
     holder.release()
 
 
-def test_a_release_that_hands_over_costs_13_commands(
+def test_a_release_that_hands_over_costs_12_commands_in_its_script(
     client: turnstile.Client, server: RedisProcess
 ) -> None:
     """The holder's release, handing over to the front waiter: "=fast" (at most one holder)
     tells it the caller was the only holder, so it does not count the holders; the grant
     goes into HX before the old holder leaves it, so HX is never empty and keeps its expiry
-    (no PEXPIREAT: the grant ends before the old lease did); one HDEL drops both records."""
+    (no PEXPIREAT: the grant ends before the old lease did, and before "=all"); one HDEL
+    drops both records."""
     lock = client.lock("handover", ttl=30)
     lock.acquire(timeout=1).release()
     holder = lock.acquire(timeout=1)
@@ -271,18 +275,31 @@ def test_a_release_that_hands_over_costs_13_commands(
     status = lock.status()
     assert [h.holder for h in status.holders] == ["w1"]
     assert [w.holder for w in status.waiters] == ["w2"]
-    assert _hx_covers(server, _keys(client, "handover")[1])
-    # The new holder's release hands over in turn, just as cheaply ("=fast" still holds);
-    # here the grant outlasts the lease it replaces, so HX is given a later expiry.
-    w1 = client.lock("handover", ttl=4).try_acquire(holder="w1")  # claims: 4 s from now
-    assert w1.lease is not None
-    client.lock("handover", ttl=30).try_acquire(holder="w2")  # keeps its place
-    client.lock("handover", ttl=30).try_acquire(holder="w3")
-    spent = _spent(server, w1.lease.release)
-    assert spent.get("zrange") == 1 and spent.get("pexpireat") == 1, spent
-    status = lock.status()
-    assert [h.holder for h in status.holders] == ["w2"]
-    assert _hx_covers(server, _keys(client, "handover")[1])
+    assert _covered(server, client, "handover")
+
+
+@pytest.mark.parametrize("case", ["old lease longer", "=all reaches", "neither"])
+def test_hx_keeps_an_expiry_past_every_lease_whatever_a_release_skips(
+    client: turnstile.Client, server: RedisProcess, case: str
+) -> None:
+    """A release that hands over gives HX no new expiry when it can tell HX already has one
+    past the grant: HX was never empty (the old holder leaves it after the grant is in),
+    and either the old lease lasted longer or "=all" reaches past the grant. When neither
+    holds (here "=all" is made old, as if an earlier client had moved "=exp" since), it
+    gives HX its expiry as before."""
+    lock = client.lock("cover", ttl=30)
+    lock.acquire(timeout=1).release()
+    lock.release("nobody", 1)
+    ttl = 30 if case == "old lease longer" else 2  # the lease the grant (20 s) replaces
+    first = client.lock("cover", ttl=ttl).acquire(timeout=1)
+    client.lock("cover", ttl=20).try_acquire(holder="w")
+    if case == "neither":
+        with server.admin() as admin:
+            admin.hset(_keys(client, "cover")[0], "=all", "1")
+    spent = _spent(server, first.release)
+    assert [h.holder for h in lock.status().holders] == ["w"]
+    assert spent.get("pexpireat", 0) == (1 if case == "neither" else 0), spent
+    assert _covered(server, client, "cover")
 
 
 def test_a_second_holder_written_by_a_client_without_fast_paths_is_counted(

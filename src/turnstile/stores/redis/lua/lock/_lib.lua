@@ -60,7 +60,8 @@ local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false
            cb = false, pk = false, due = false, fast = false}
 local pending = {}    -- D fields to write in finish(): field -> value
 local dropped = {}    -- D fields to delete in finish(), all in one HDEL: field -> true
-local extend = {}     -- keys whose expiry must cover the newest entry
+local extend = {}     -- keys whose expiry must cover an entry: key -> latest such expiry
+local made = {}       -- keys this step may have made (Redis drops empty zsets): key -> true
 local newest = 0      -- latest expiry written by this operation
 -- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
 local NO_HOLDERS, NO_WAITERS = false, false
@@ -74,6 +75,14 @@ local HELD, FIRST_HX = nil, nil
 -- bound holds, and a step before it need not look for expired entries (purge()).
 local DUE = false
 local EMPTY_DUE = 4503599627370496 -- 2^52 us: later than any expiry
+-- "=all": every one of D, HX, WX and WQ that exists expires no earlier than
+-- expiry_at(ALL) (0: nothing known). A step that moves "=exp" to `covered` gives all four
+-- that expiry, written by it or not, and stores "=all" = covered (finish()). It stays true
+-- for good, whichever release's client runs the steps after: none ever moves a key's expiry
+-- earlier ("=exp" only grows), and every step that makes a key gives it an expiry at least
+-- expiry_at("=exp"). So a zset this step did not make (see `made`) needs no PEXPIREAT for
+-- entries expiring by ALL. (CW and PD are left out: they always get theirs.)
+local ALL = 0
 -- Set when this step made a callback grant (a pending delivery), or granted anything on a
 -- name with callbacks (a new lease whose expiry the deliverer's schedule does not know):
 -- the reply then carries NOW - NOTIFY_SHIFT, which the client adds to the store's index of
@@ -110,6 +119,7 @@ local function load(holder)
   S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
   S.cb, S.mine, S.waiting = r[6] and true or false, r[7], r[8]
   S.pk = r[9] and tonumber(r[9]) or false
+  ALL = tonumber(r[12] or '0') or 0
   S.fast = r[10] or false
   if S.fast and not S.cb and not S.pk then
     local last, seq, kind = string.match(S.fast, '^(%d+) (%d+) (%w+)$')
@@ -219,7 +229,7 @@ end
 
 local function wrote(expires, ...)
   newest = math.max(newest, expires)
-  for _, k in ipairs({...}) do extend[k] = true end
+  for _, k in ipairs({...}) do extend[k] = math.max(extend[k] or 0, expires) end
 end
 
 local function unpack_chunks(list, fn)
@@ -278,7 +288,11 @@ local function put_holders(list)
     first = math.min(first or item[2].expires, item[2].expires)
   end
   if #z > 0 then
+    -- HX existed before the ZADD when it kept HX_OUT or had holders, or if a member was
+    -- there already (a renewal, a claim).
+    local existed = HX_OUT or (not NO_HOLDERS and HELD ~= nil and HELD > 0)
     local added = redis.call('ZADD', HX, unpack(z))
+    if not existed and added == #list then made[HX] = true end
     flush_hx()
     if NO_HOLDERS then HELD, FIRST_HX = 0, false end
     NO_HOLDERS = false
@@ -294,12 +308,13 @@ end
 
 local function put_waiter(holder, w)
   pending['w:' .. holder] = pack_waiter(w)
-  redis.call('ZADD', WX, fmt(w.expires), holder)
+  -- 0: the waiter was in WX already (keeping its place), so WX was not made here.
+  if redis.call('ZADD', WX, fmt(w.expires), holder) > 0 then made[WX] = true end
   lower_due(w.expires)
   NO_WAITERS = false
   wrote(w.expires, WX, WQ)
   if w.cb then
-    redis.call('ZADD', CW, fmt(w.expires), holder)
+    redis.call('ZADD', CW, fmt(w.expires), holder) -- CW always gets its expiry (see ALL)
     wrote(w.expires, CW)
   end
 end
@@ -564,6 +579,7 @@ local function join(holder, lead)
   S.seq = stamp
   pending['=seq'] = fmt(stamp)
   redis.call('ZADD', WQ, fmt(stamp - lead), holder)
+  made[WQ] = true -- unless the caller learns someone is ahead (acquire.lua)
   return stamp
 end
 
@@ -578,8 +594,10 @@ end
 -- Write back D's changed fields and keep every key alive past its newest entry, plus KEEP_US
 -- for the token counter: a name nobody touches again leaves nothing behind. "=exp" is the
 -- time up to which the keys' expiry already covers entries; it moves SLACK_US ahead at a time,
--- so a busy name's D is not given a new expiry on every step. A zset written in this step
--- may have just been created (Redis drops empty ones), so it is given its expiry every time.
+-- so a busy name's D is not given a new expiry on every step, and when it moves every key
+-- is given the new expiry ("=all", see ALL). A zset this step may have made (Redis drops
+-- empty ones and makes them again without an expiry) is given its expiry every time; one it
+-- did not make only for an entry expiring after ALL (CW and PD: for every entry).
 local function finish()
   if not S.cb and not S.pk then
     -- "=fast" (see HMAX): what this step knows the name to be at its end.
@@ -599,7 +617,8 @@ local function finish()
   local covered, moved = coverage(S.exp, newest)
   if moved then
     pending['=exp'] = fmt(covered)
-    extend[D] = true
+    pending['=all'] = fmt(covered)
+    for _, k in ipairs({D, HX, WX, WQ}) do extend[k] = extend[k] or covered end
   end
   flush_hx()
   -- Every field this step dropped, in one HDEL (a hand-over drops the old holder's record
@@ -615,9 +634,11 @@ local function finish()
     table.insert(fields, v)
   end
   if #fields > 0 then redis.call('HSET', D, unpack(fields)) end
-  if next(extend) ~= nil then
-    local at = expiry_at(covered)
-    for k, _ in pairs(extend) do redis.call('PEXPIREAT', k, at) end
+  local at = expiry_at(covered)
+  for k, latest in pairs(extend) do
+    if moved or made[k] or latest > ALL or not (k == HX or k == WX or k == WQ) then
+      redis.call('PEXPIREAT', k, at)
+    end
   end
 end
 

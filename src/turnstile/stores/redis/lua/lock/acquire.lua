@@ -125,6 +125,9 @@ if alone then
   position = 0
 elseif S.waiting or enqueue then
   position = redis.call('ZRANK', WQ, holder) or -1
+  -- Someone is ahead: WQ, and WX where every waiter in line has its entry, were not made by
+  -- this step (see ALL in _lib.lua).
+  if position > 0 then made[WQ], made[WX] = nil, nil end
 end
 local retry = retry_after()
 finish()
