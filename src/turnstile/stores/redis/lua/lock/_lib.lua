@@ -14,7 +14,9 @@
 --                     a plain lock or semaphore; "=limit" is then the group's total),
 --                     "=fast" "<last> <seq> <kind>" and "=due" "<due_us> <last> <seq>":
 --                     what a step knew at its end, stamped with "=last" and "=seq" then
---                     (see FAST and DUE below; a stamp that no longer matches is ignored),
+--                     (see FAST, HMAX and DUE below; a stamp that no longer matches is
+--                     ignored), "=all" a time (us) up to which every one of D, HX, WX, WQ
+--                     that exists is known to expire after its entries (see ALL below),
 --                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)", or for a
 --                       callback grant "token acquired_us expires_us claimed pending(0|1)
 --                       claimed_until_us attempts callback" (the callback text last: it may
