@@ -365,3 +365,9 @@ def test_a_join_after_a_negative_priority_still_looks_for_a_rank_collision(
     assert [w.holder for w in status.waiters] == ["w0", "ng", "aa"]
     stamps = [ranking.stamp_of(w.joined_at) - start for w in status.waiters]
     assert stamps == [1, 2, 4]
+    # "=fast" still says at most one holder ("1w"): the release hands over without
+    # counting the holders (its only ZRANGE reads the line).
+    first = status.holders[0]
+    spent = _spent(server, lambda: lock.release(first.holder, first.token))
+    assert spent.get("zrange") == 1 and "zcount" not in spent, spent
+    assert [h.holder for h in lock.status().holders] == ["w0"]

@@ -96,12 +96,12 @@ local NOTIFY_SHIFT = 1000000000000000 -- 1e15 us: notifications score below any 
 -- false when it does not know. finish() stamps it with "=last" and "=seq" into "=fast".
 local FAST = false
 -- "=fast" as read, and what it tells while its stamp matches (plain names only, as only
--- they write it): every kind is an upper bound on the holders (a step without "=fast" may
--- have dropped some since, never added one) and says nobody in line has a negative lead
--- (a join takes a stamp, so none joined since; leaving only drops):
+-- they write it; a step without "=fast" may have dropped holders or waiters since, never
+-- added one: every grant takes a token, every join a stamp):
 --   "0", "1"  at most 0 / 1 holder, and nobody in line (the fast paths' kinds);
---   "1q"      at most 1 holder; the line may hold waiters;
---   "q"       the line may hold waiters.
+--   "1q"      at most 1 holder, and nobody in line has a negative lead;
+--   "q"       nobody in line has a negative lead;
+--   "1w"      at most 1 holder.
 -- A client of an earlier release matches "0" and "1" only, so it ignores the other kinds.
 -- HMAX: an upper bound on the holders (nil: none known). NONEG: nobody in line has a
 -- negative lead (priority), so every rank in line is at most "=seq" (see join()).
@@ -133,6 +133,8 @@ local function load(holder)
         HMAX, NONEG = 1, true
       elseif kind == 'q' then
         NONEG = true
+      elseif kind == '1w' then
+        HMAX = 1
       end
     end
   end
@@ -607,6 +609,7 @@ local function finish()
     local kind = FAST
     if not kind and NO_WAITERS and bound and bound <= 1 then kind = fmt(bound) end
     if not kind and (NONEG or NO_WAITERS) then kind = (bound and bound <= 1) and '1q' or 'q' end
+    if not kind and bound and bound <= 1 then kind = '1w' end
     if kind then
       local fast = fmt(S.last) .. ' ' .. fmt(S.seq) .. ' ' .. kind
       if fast ~= S.fast then pending['=fast'] = fast end
