@@ -305,9 +305,9 @@ def test_hx_keeps_an_expiry_past_every_lease_whatever_a_release_skips(
 def test_a_second_holder_written_by_a_client_without_fast_paths_is_counted(
     client: turnstile.Client, server: RedisProcess
 ) -> None:
-    """"=fast" said at most one holder (the join wrote it); a client that knows nothing of
-    it then adds a holder (taking a token, as every grant does): the release must count the
-    holders again and grant nobody."""
+    """The name's "=fast" said at most one holder (the join wrote it); a client that knows
+    nothing of it then adds a holder (taking a token, as every grant does): the release must
+    count the holders again and grant nobody."""
     lock = client.lock("two", ttl=30)
     lock.acquire(timeout=1, holder="a").release()
     lease = lock.acquire(timeout=1, holder="a")
