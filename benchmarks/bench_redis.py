@@ -234,7 +234,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                 " Both hand over in one round trip after the release: Turnstile's waiter "
                 "holds the grant its BLPOP pops, python-redis-lock's then sends a SET NX. "
                 "Turnstile's release script keeps a line, a fencing counter and expiry "
-                "indexes (15 commands inside it, against 3 in python-redis-lock's)"
+                "indexes (12 commands inside it, against 3 in python-redis-lock's)"
             )
             steps = results.get("costs", {}).get("steps", {})
             release = steps.get("release, hands over to the waiter (library)")
@@ -370,12 +370,14 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         )
         if worst > 12:
             text += (
-                " A grant after waiting is the waiter's join (its script and about 10 "
-                "commands inside: the name's record, the server clock, the holder index, "
-                "the line and the waiters' expiry index, the position), the holder's release "
-                "(its script and 15 inside: the holder out of the record and the holder "
-                "index, the front waiter out of the line, the expiry index and the record, "
-                "the grant into both, the wake-up list and its expiry) and one BLPOP. Every "
+                " A grant after waiting is the waiter's join (its script and 7 commands "
+                "inside behind another waiter: the name's record, the server clock, the "
+                "holder index, the line and the waiters' expiry index, the position, the "
+                "record written back), the holder's release (its script and 12 inside: the "
+                "name's record, the clock, the front of the line and its record, the front "
+                "waiter out of the line and the expiry index, the grant into the holder "
+                "index, the old holder out of it, both records in one HDEL, the record "
+                "written back, the wake-up list and its expiry) and one BLPOP. Every "
                 "index is what keeps expired leases and dead waiters from stalling a line "
                 "whatever its length; python-redis-lock (about 10) keeps neither a line nor "
                 "an expiry for waiters. What would meet it: one sorted set for the line and "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import turnstile
+from turnstile._core import ranking
 from turnstile.stores.redis import keys as redis_keys
 
 from ._tools import RedisProcess, redis_process, wait_until
@@ -194,3 +195,179 @@ def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
     assert spent["evalsha"] == 1 and "zrange" not in spent, spent
     assert handed[2].token > handed[1].token > handed[0].token
     handed[2].release()
+
+
+KEEP_US = 3600 * 1_000_000  # _head.lua: every key outlives its latest entry by this much
+
+
+def _covered(server: RedisProcess, client: turnstile.Client, name: str) -> bool:
+    """Whether each of the name's zsets expires by itself no earlier than KEEP_US after its
+    latest entry (HX, WX: by their scores; WQ: by its waiters' entries in WX)."""
+    _d, hx, wx, wq = _keys(client, name)[:4]
+    now = _server_us(server)
+    with server.admin() as admin:
+        expiry = {k: admin.pttl(k) for k in (hx, wx, wq)}
+        latest = {k: [int(s) for _, s in admin.zrange(k, 0, -1, withscores=True)] for k in (hx, wx)}
+        line = [m for m in admin.zrange(wq, 0, -1)]
+        latest[wq] = [int(admin.zscore(wx, m) or 0) for m in line]
+    for k, scores in latest.items():
+        if scores and not (expiry[k] > 0 and now + expiry[k] * 1000 >= max(scores) + KEEP_US):
+            return False
+    return True
+
+
+def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """The holder's "=fast" record (one holder, nobody in line) tells the join the line is
+    empty: no rank can collide (no ZCOUNT) and the waiter is next (no ZRANK). The join
+    leaves "=fast" saying at most one holder and nobody in line with a negative lead, so
+    the next join skips the ZCOUNT too; its position is read (someone is ahead), which shows
+    the line and its expiry index were not made by this join: their expiry, given when
+    "=exp" last moved ("=all"), already covers the new entry."""
+    lock = client.lock("join", ttl=30)
+    lock.acquire(timeout=1).release()  # scripts loaded; the name is idle
+    holder = lock.acquire(timeout=1)
+    ticket: list[turnstile.Ticket] = []
+    waiting = client.lock("join", ttl=4)
+    spent = _spent(server, lambda: ticket.append(waiting.try_acquire(holder="w1")))
+    assert ticket[0].position == 0
+    # HMGET, (TIME), ZRANGE of the holders, ZADD to the line and the expiry index, HSET, and
+    # the expiry of the line and the index (both made again: they were empty).
+    assert spent == {"evalsha": 1, "hmget": 1, "zrange": 1, "zadd": 2, "hset": 1, "pexpireat": 2}
+    spent = _spent(server, lambda: ticket.append(waiting.try_acquire(holder="w2")))
+    assert ticket[1].position == 1
+    assert spent == {"evalsha": 1, "hmget": 1, "zrange": 1, "zadd": 2, "zrank": 1, "hset": 1}
+    assert [w.holder for w in lock.status().waiters] == ["w1", "w2"]
+    assert _covered(server, client, "join")
+    holder.release()
+
+
+def test_a_release_that_hands_over_costs_12_commands_in_its_script(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """The holder's release, handing over to the front waiter: "=fast" (at most one holder)
+    tells it the caller was the only holder, so it does not count the holders; the grant
+    goes into HX before the old holder leaves it, so HX is never empty and keeps its expiry
+    (no PEXPIREAT: the grant ends before the old lease did, and before "=all"); one HDEL
+    drops both records."""
+    lock = client.lock("handover", ttl=30)
+    lock.acquire(timeout=1).release()
+    holder = lock.acquire(timeout=1)
+    client.lock("handover", ttl=4).try_acquire(holder="w1")
+    client.lock("handover", ttl=4).try_acquire(holder="w2")
+    lock.release("nobody", 1)  # the release script is loaded
+    spent = _spent(server, holder.release)
+    # HMGET x 2 (the name, the front waiter), (TIME), ZRANGE of the line, ZREM x 3 (line,
+    # waiters' expiry index, the old holder), ZADD of the grant, RPUSH and PEXPIRE of the
+    # wake-up, HDEL of both records, HSET.
+    assert spent == {
+        "evalsha": 1,
+        "hmget": 2,
+        "zrange": 1,
+        "zrem": 3,
+        "zadd": 1,
+        "rpush": 1,
+        "pexpire": 1,
+        "hdel": 1,
+        "hset": 1,
+    }, spent
+    status = lock.status()
+    assert [h.holder for h in status.holders] == ["w1"]
+    assert [w.holder for w in status.waiters] == ["w2"]
+    assert _covered(server, client, "handover")
+
+
+@pytest.mark.parametrize("case", ["old lease longer", "=all reaches", "neither"])
+def test_hx_keeps_an_expiry_past_every_lease_whatever_a_release_skips(
+    client: turnstile.Client, server: RedisProcess, case: str
+) -> None:
+    """A release that hands over gives HX no new expiry when it can tell HX already has one
+    past the grant: HX was never empty (the old holder leaves it after the grant is in),
+    and either the old lease lasted longer or "=all" reaches past the grant. When neither
+    holds (here "=all" is made old, as if an earlier client had moved "=exp" since), it
+    gives HX its expiry as before."""
+    lock = client.lock("cover", ttl=30)
+    lock.acquire(timeout=1).release()
+    lock.release("nobody", 1)
+    ttl = 30 if case == "old lease longer" else 2  # the lease the grant (20 s) replaces
+    first = client.lock("cover", ttl=ttl).acquire(timeout=1)
+    client.lock("cover", ttl=20).try_acquire(holder="w")
+    if case == "neither":
+        with server.admin() as admin:
+            admin.hset(_keys(client, "cover")[0], "=all", "1")
+    spent = _spent(server, first.release)
+    assert [h.holder for h in lock.status().holders] == ["w"]
+    assert spent.get("pexpireat", 0) == (1 if case == "neither" else 0), spent
+    assert _covered(server, client, "cover")
+
+
+def test_a_second_holder_written_by_a_client_without_fast_paths_is_counted(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """The name's "=fast" said at most one holder (the join wrote it); a client that knows
+    nothing of it then adds a holder (taking a token, as every grant does): the release must
+    count the holders again and grant nobody."""
+    lock = client.lock("two", ttl=30)
+    lock.acquire(timeout=1, holder="a").release()
+    lease = lock.acquire(timeout=1, holder="a")
+    assert client.lock("two", ttl=30).try_acquire(holder="w").position == 0
+    d, hx = _keys(client, "two")[:2]
+    now = _server_us(server)
+    with server.admin() as admin:
+        token = max(int(admin.hget(d, "=last")) + 1, now)
+        admin.hset(d, mapping={"h:old": f"{token} {now} {now + 30_000_000} 1", "=last": token})
+        admin.zadd(hx, {"old": now + 30_000_000})
+    assert lease.release() is True
+    status = lock.status()
+    assert [h.holder for h in status.holders] == ["old"]
+    assert [w.holder for w in status.waiters] == ["w"]
+
+
+def _join(client: turnstile.Client, name: str, holder: str, priority: int) -> None:
+    backend = client.backend
+    step = {"ttl": 60.0, "wait_ttl": 60.0, "ageing": 1e-6}  # lead = priority, in us
+    backend.acquire(name, holder, limit=1, enqueue=True, priority=priority, **step)
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["ours", "earlier-client"])
+def test_a_join_after_a_negative_priority_still_looks_for_a_rank_collision(
+    client: turnstile.Client, server: RedisProcess, old: bool
+) -> None:
+    """A waiter with a negative lead ranks after its own stamp, so a later stamp may meet
+    its rank: the join that follows looks (ZCOUNT) and arrives 1 us later, whether that
+    waiter was put in line by this client (which then stops saying "no negative lead") or
+    by one that knows nothing of "=fast" (its join took a stamp, which voids the record)."""
+    name = "neg"
+    lock = client.lock(name, ttl=60)
+    assert lock.try_acquire(holder="first").lease is not None
+    d, _hx, wx, wq = _keys(client, name)[:4]
+    start = _server_us(server) + 60_000_000
+    with server.admin() as admin:
+        admin.hset(d, "=seq", str(start))  # stamps known: the clock is behind "=seq"
+    _join(client, name, "w0", 0)  # start + 1; "=fast" now: no negative lead
+    if old:
+        # What a join of an earlier release writes for priority -1 (lead -1 us).
+        stamp, expires = start + 2, _server_us(server) + 60_000_000
+        with server.admin() as admin:
+            admin.hset(
+                d, mapping={"w:ng": f"60000000 60000000 {stamp} {expires}", "=seq": stamp}
+            )
+            admin.zadd(wq, {"ng": stamp + 1})
+            admin.zadd(wx, {"ng": expires})
+    else:
+        _join(client, name, "ng", -1)  # stamp start + 2, rank start + 3
+    # stamp start + 3 would rank start + 3, ng's rank: it arrives at start + 4 instead
+    # (a sorted set would otherwise put "aa" ahead of "ng").
+    spent = _spent(server, lambda: _join(client, name, "aa", 0))
+    assert spent.get("zcount") == 2, spent
+    status = lock.status()
+    assert [w.holder for w in status.waiters] == ["w0", "ng", "aa"]
+    stamps = [ranking.stamp_of(w.joined_at) - start for w in status.waiters]
+    assert stamps == [1, 2, 4]
+    # "=fast" still says at most one holder ("1w"): the release hands over without
+    # counting the holders (its only ZRANGE reads the line).
+    first = status.holders[0]
+    spent = _spent(server, lambda: lock.release(first.holder, first.token))
+    assert spent.get("zrange") == 1 and "zcount" not in spent, spent
+    assert [h.holder for h in lock.status().holders] == ["w0"]

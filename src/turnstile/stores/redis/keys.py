@@ -11,7 +11,11 @@ a key, only stored as data), so a name lives in one Redis Cluster slot::
     <prefix>{T}:d    hash  the name, limit, last fencing token, newest arrival stamp, a
                            semaphore group's per-key limit ("=pk"), and one field per holder
                            (h:<holder>) and per waiter (w:<holder>); a group's holder and
-                           waiter records start with their key, "k<bytes> <key> "
+                           waiter records start with their key, "k<bytes> <key> "; and what
+                           steps learnt, for later steps to skip commands: how far the keys'
+                           expiry reaches ("=exp", "=all"), and facts stamped with the token
+                           counter and arrival stamp ("=fast", "=due"), void once either
+                           moves (see lua/lock/_lib.lua)
     <prefix>{T}:hx   zset  holders by lease expiry
     <prefix>{T}:wx   zset  waiters by waiting-entry expiry
     <prefix>{T}:wq   zset  waiters in line order (by rank: priority, then arrival)

@@ -9,7 +9,8 @@
 -- and release runs it; so while both still read as stamped, nothing was added since, and
 -- kind "0" still holds (nothing can have been removed from an idle name). A callback name
 -- ("=cb") or a semaphore group ("=pk") never takes this path. "=due" (_lib.lua, DUE) is
--- written as the new lease's expiry: the only entry of the name.
+-- written as the new lease's expiry: the only entry of the name. The library also writes
+-- kinds "1q", "q" and "1w" (a busy line; see HMAX in _lib.lua), which no fast path takes.
 do
   local name, holder, limit, ttl = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
   if (ARGV[8] or '') == '' and (ARGV[10] or '') == '' then

@@ -25,7 +25,7 @@ end
 -- names each field).
 local function read_name(holder)
   return redis.call('HMGET', KEYS[1], '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                    'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due')
+                    'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due', '=all')
 end
 
 -- How far the keys' expiry must reach once an entry expiring at `newest` is written, when it

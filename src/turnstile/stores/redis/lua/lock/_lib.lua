@@ -14,7 +14,9 @@
 --                     a plain lock or semaphore; "=limit" is then the group's total),
 --                     "=fast" "<last> <seq> <kind>" and "=due" "<due_us> <last> <seq>":
 --                     what a step knew at its end, stamped with "=last" and "=seq" then
---                     (see FAST and DUE below; a stamp that no longer matches is ignored),
+--                     (see FAST, HMAX and DUE below; a stamp that no longer matches is
+--                     ignored), "=all" a time (us) up to which every one of D, HX, WX, WQ
+--                     that exists is known to expire after its entries (see ALL below),
 --                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)", or for a
 --                       callback grant "token acquired_us expires_us claimed pending(0|1)
 --                       claimed_until_us attempts callback" (the callback text last: it may
@@ -57,9 +59,11 @@ local NOW = server_us()
 
 -- State read at the start of an operation (one HMGET), written back by finish().
 local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
-           cb = false, pk = false, due = false}
+           cb = false, pk = false, due = false, fast = false}
 local pending = {}    -- D fields to write in finish(): field -> value
-local extend = {}     -- keys whose expiry must cover the newest entry
+local dropped = {}    -- D fields to delete in finish(), all in one HDEL: field -> true
+local extend = {}     -- keys whose expiry must cover an entry: key -> latest such expiry
+local made = {}       -- keys this step may have made (Redis drops empty zsets): key -> true
 local newest = 0      -- latest expiry written by this operation
 -- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
 local NO_HOLDERS, NO_WAITERS = false, false
@@ -73,6 +77,14 @@ local HELD, FIRST_HX = nil, nil
 -- bound holds, and a step before it need not look for expired entries (purge()).
 local DUE = false
 local EMPTY_DUE = 4503599627370496 -- 2^52 us: later than any expiry
+-- "=all": every one of D, HX, WX and WQ that exists expires no earlier than
+-- expiry_at(ALL) (0: nothing known). A step that moves "=exp" to `covered` gives all four
+-- that expiry, written by it or not, and stores "=all" = covered (finish()). It stays true
+-- for good, whichever release's client runs the steps after: none ever moves a key's expiry
+-- earlier ("=exp" only grows), and every step that makes a key gives it an expiry at least
+-- expiry_at("=exp"). So a zset this step did not make (see `made`) needs no PEXPIREAT for
+-- entries expiring by ALL. (CW and PD are left out: they always get theirs.)
+local ALL = 0
 -- Set when this step made a callback grant (a pending delivery), or granted anything on a
 -- name with callbacks (a new lease whose expiry the deliverer's schedule does not know):
 -- the reply then carries NOW - NOTIFY_SHIFT, which the client adds to the store's index of
@@ -83,6 +95,24 @@ local NOTIFY_SHIFT = 1000000000000000 -- 1e15 us: notifications score below any 
 -- _fast_release.lua): "0" no holder and nobody in line, "1" one holder and nobody in line;
 -- false when it does not know. finish() stamps it with "=last" and "=seq" into "=fast".
 local FAST = false
+-- "=fast" as read, and what it tells while its stamp matches (plain names only, as only
+-- they write it; a step without "=fast" may have dropped holders or waiters since, never
+-- added one: every grant takes a token, every join a stamp):
+--   "0", "1"  at most 0 / 1 holder, and nobody in line (the fast paths' kinds);
+--   "1q"      at most 1 holder, and nobody in line has a negative lead;
+--   "q"       nobody in line has a negative lead;
+--   "1w"      at most 1 holder.
+-- A client of an earlier release matches "0" and "1" only, so it ignores the other kinds.
+-- HMAX: an upper bound on the holders (nil: none known). NONEG: nobody in line has a
+-- negative lead (priority), so every rank in line is at most "=seq" (see join()).
+local HMAX = nil
+local NONEG = false
+-- The only holder, dropped by this step (drop_holder()) but left in HX until after the
+-- grants' ZADD (put_holders()) or finish(), so that HX, never empty in between, keeps its
+-- expiry; and that holder's lease expiry, up to which HX's own expiry is known to cover
+-- entries (whoever wrote that entry gave HX an expiry KEEP_US past it, and no step moves a
+-- key's expiry earlier). False when none.
+local HX_OUT, HX_COVER = false, false
 
 local function load(holder)
   -- A fast path that fell through read these already, for this same holder (_head.lua).
@@ -91,6 +121,23 @@ local function load(holder)
   S.last, S.seq, S.exp = tonumber(r[3] or '0'), tonumber(r[4] or '0'), tonumber(r[5] or '0')
   S.cb, S.mine, S.waiting = r[6] and true or false, r[7], r[8]
   S.pk = r[9] and tonumber(r[9]) or false
+  ALL = tonumber(r[12] or '0') or 0
+  S.fast = r[10] or false
+  if S.fast and not S.cb and not S.pk then
+    local last, seq, kind = string.match(S.fast, '^(%d+) (%d+) (%w+)$')
+    if last == (r[3] or '0') and seq == (r[4] or '0') then
+      if kind == '0' or kind == '1' then
+        HMAX, NONEG, NO_WAITERS = tonumber(kind), true, true
+        if kind == '0' then HELD, FIRST_HX, NO_HOLDERS = 0, false, true end
+      elseif kind == '1q' then
+        HMAX, NONEG = 1, true
+      elseif kind == 'q' then
+        NONEG = true
+      elseif kind == '1w' then
+        HMAX = 1
+      end
+    end
+  end
   S.due = r[11] or false
   if S.due then
     local due, last, seq = string.match(S.due, '^(%d+) (%d+) (%d+)$')
@@ -103,8 +150,17 @@ local function lower_due(expires)
   if DUE then DUE = math.min(DUE, expires) end
 end
 
+-- Take the holder drop_holder() left in HX out of it (ZREM).
+local function flush_hx()
+  if HX_OUT then
+    redis.call('ZREM', HX, HX_OUT)
+    HX_OUT, HX_COVER = false, false
+  end
+end
+
 -- Read HX's size and earliest expiry in one command (a second for a name of over 32).
 local function read_hx()
+  flush_hx()
   local r = redis.call('ZRANGE', HX, 0, 32, 'WITHSCORES')
   local n = #r / 2
   FIRST_HX = n > 0 and tonumber(r[2])
@@ -177,7 +233,7 @@ end
 
 local function wrote(expires, ...)
   newest = math.max(newest, expires)
-  for _, k in ipairs({...}) do extend[k] = true end
+  for _, k in ipairs({...}) do extend[k] = math.max(extend[k] or 0, expires) end
 end
 
 local function unpack_chunks(list, fn)
@@ -202,23 +258,50 @@ local function prefixed(p, members)
   return out
 end
 
+-- Delete these D fields in finish(), in the same HDEL as every other field this step drops
+-- (a field written again later in the step is kept: finish() writes it instead). Only for
+-- steps that end in finish(); purge() deletes at once, as a step may return right after it.
+local function drop_fields(p, members)
+  for _, m in ipairs(members) do
+    pending[p .. m] = nil
+    dropped[p .. m] = true
+  end
+end
+
 -- Store holders {holder, record} as D fields and in the expiry index (one call each).
+-- While the holder drop_holder() dropped is still in HX (HX_OUT), HX is not empty, so it
+-- keeps its expiry through the ZADD, which then needs no new one for entries expiring no
+-- later than HX_COVER; HX_OUT leaves HX right after.
 local function put_holders(list)
   local z = {}
   local first = nil
   for _, item in ipairs(list) do
+    if item[1] == HX_OUT then flush_hx() end -- the same member again: no longer "kept"
+  end
+  for _, item in ipairs(list) do
     pending['h:' .. item[1]] = pack_holder(item[2])
+    dropped['h:' .. item[1]] = nil
     table.insert(z, fmt(item[2].expires))
     table.insert(z, item[1])
-    wrote(item[2].expires, HX)
+    if HX_COVER and item[2].expires <= HX_COVER then
+      wrote(item[2].expires) -- HX's expiry already covers it
+    else
+      wrote(item[2].expires, HX)
+    end
     lower_due(item[2].expires)
     first = math.min(first or item[2].expires, item[2].expires)
   end
   if #z > 0 then
+    -- HX existed before the ZADD when it kept HX_OUT or had holders, or if a member was
+    -- there already (a renewal, a claim).
+    local existed = HX_OUT or (not NO_HOLDERS and HELD ~= nil and HELD > 0)
     local added = redis.call('ZADD', HX, unpack(z))
+    if not existed and added == #list then made[HX] = true end
+    flush_hx()
     if NO_HOLDERS then HELD, FIRST_HX = 0, false end
     NO_HOLDERS = false
     if HELD then HELD = HELD + added end
+    if HMAX then HMAX = HMAX + added end
     if added < #list then
       FIRST_HX = nil -- an entry moved: it may have been the earliest
     elseif FIRST_HX ~= nil then
@@ -229,12 +312,13 @@ end
 
 local function put_waiter(holder, w)
   pending['w:' .. holder] = pack_waiter(w)
-  redis.call('ZADD', WX, fmt(w.expires), holder)
+  -- 0: the waiter was in WX already (keeping its place), so WX was not made here.
+  if redis.call('ZADD', WX, fmt(w.expires), holder) > 0 then made[WX] = true end
   lower_due(w.expires)
   NO_WAITERS = false
   wrote(w.expires, WX, WQ)
   if w.cb then
-    redis.call('ZADD', CW, fmt(w.expires), holder)
+    redis.call('ZADD', CW, fmt(w.expires), holder) -- CW always gets its expiry (see ALL)
     wrote(w.expires, CW)
   end
 end
@@ -245,16 +329,25 @@ local function put_pending(holder, h)
   wrote(h.expires, PD)
 end
 
-local function drop_holder(holder)
-  redis.call('HDEL', D, unpack(prefixed('h:', {holder})))
+-- Drop a holder (h: its record, when it is the caller's, S.mine). When the caller is known
+-- to be the only holder (HELD or HMAX is 1 and its record is in D; purge() ran or nothing
+-- had expired), HX is empty once it goes: it goes last (HX_OUT), see put_holders().
+local function drop_holder(holder, h)
+  drop_fields('h:', {holder})
+  if h and not S.cb and not S.pk and not HX_OUT and (HELD or HMAX) == 1 then
+    HX_OUT, HX_COVER = holder, h.expires
+    HELD, HMAX, FIRST_HX, NO_HOLDERS = 0, 0, false, true
+    return
+  end
   local gone = redis.call('ZREM', HX, holder)
   if HELD then HELD = HELD - gone end
   FIRST_HX = nil -- it may have been the earliest
+  NO_HOLDERS = false -- maybe empty now: count again if needed
   if S.cb then redis.call('ZREM', PD, holder) end
 end
 
 local function drop_waiter(holder)
-  redis.call('HDEL', D, unpack(prefixed('w:', {holder})))
+  drop_fields('w:', {holder})
   redis.call('ZREM', WQ, holder)
   redis.call('ZREM', WX, holder)
   if S.cb then redis.call('ZREM', CW, holder) end
@@ -271,6 +364,7 @@ end
 -- shows nothing can have expired; else it learns DUE afresh.
 local function purge(holder)
   if DUE and DUE > NOW then return end
+  flush_hx()
   read_hx()
   local first = FIRST_HX or nil
   local due = first or EMPTY_DUE
@@ -345,7 +439,7 @@ end
 -- records granted, by holder.
 local function grant_waiters(front, recs, claimant)
   local granted = {}
-  redis.call('HDEL', D, unpack(prefixed('w:', front)))
+  drop_fields('w:', front)
   redis.call('ZREM', WQ, unpack(front))
   redis.call('ZREM', WX, unpack(front))
   if S.cb then
@@ -382,6 +476,7 @@ end
 local function key_counts()
   local counts = {}
   if NO_HOLDERS then return counts end
+  flush_hx()
   local members = redis.call('ZRANGE', HX, 0, -1)
   unpack_chunks(members, function(c)
     local recs = redis.call('HMGET', D, unpack(fields('h:', c)))
@@ -473,15 +568,22 @@ end
 -- every waiter of its rank or better, ahead of the rest. A sorted set orders equal scores by
 -- member, not by arrival, so a rank some waiter already has (only possible between waiters
 -- of different leads) is avoided by arriving 1 us later: the line is then exactly the one
--- the model gives with that stamp. Returns the stamp (the record's joined_us).
+-- the model gives with that stamp. Nobody need be asked (ZCOUNT) when the line is empty,
+-- or when nobody in it has a negative lead (NONEG) and this lead is not positive: every
+-- rank in line is then at most its stamp, at most "=seq", and this rank is above "=seq".
+-- Returns the stamp (the record's joined_us).
 local function join(holder, lead)
   local stamp = math.max(S.seq + 1, NOW)
-  while redis.call('ZCOUNT', WQ, fmt(stamp - lead), fmt(stamp - lead)) > 0 do
-    stamp = stamp + 1
+  if not (NO_WAITERS or (NONEG and lead <= 0)) then
+    while redis.call('ZCOUNT', WQ, fmt(stamp - lead), fmt(stamp - lead)) > 0 do
+      stamp = stamp + 1
+    end
   end
+  NONEG = (NO_WAITERS or NONEG) and lead >= 0
   S.seq = stamp
   pending['=seq'] = fmt(stamp)
   redis.call('ZADD', WQ, fmt(stamp - lead), holder)
+  made[WQ] = true -- unless the caller learns someone is ahead (acquire.lua)
   return stamp
 end
 
@@ -496,11 +598,22 @@ end
 -- Write back D's changed fields and keep every key alive past its newest entry, plus KEEP_US
 -- for the token counter: a name nobody touches again leaves nothing behind. "=exp" is the
 -- time up to which the keys' expiry already covers entries; it moves SLACK_US ahead at a time,
--- so a busy name's D is not given a new expiry on every step. A zset written in this step
--- may have just been created (Redis drops empty ones), so it is given its expiry every time.
+-- so a busy name's D is not given a new expiry on every step, and when it moves every key
+-- is given the new expiry ("=all", see ALL). A zset this step may have made (Redis drops
+-- empty ones and makes them again without an expiry) is given its expiry every time; one it
+-- did not make only for an entry expiring after ALL (CW and PD: for every entry).
 local function finish()
-  if FAST and not S.cb and not S.pk then
-    pending['=fast'] = fmt(S.last) .. ' ' .. fmt(S.seq) .. ' ' .. FAST
+  if not S.cb and not S.pk then
+    -- "=fast" (see HMAX): what this step knows the name to be at its end.
+    local bound = HELD or HMAX
+    local kind = FAST
+    if not kind and NO_WAITERS and bound and bound <= 1 then kind = fmt(bound) end
+    if not kind and (NONEG or NO_WAITERS) then kind = (bound and bound <= 1) and '1q' or 'q' end
+    if not kind and bound and bound <= 1 then kind = '1w' end
+    if kind then
+      local fast = fmt(S.last) .. ' ' .. fmt(S.seq) .. ' ' .. kind
+      if fast ~= S.fast then pending['=fast'] = fast end
+    end
   end
   if DUE then
     local due = fmt(DUE) .. ' ' .. fmt(S.last) .. ' ' .. fmt(S.seq)
@@ -509,17 +622,28 @@ local function finish()
   local covered, moved = coverage(S.exp, newest)
   if moved then
     pending['=exp'] = fmt(covered)
-    extend[D] = true
+    pending['=all'] = fmt(covered)
+    for _, k in ipairs({D, HX, WX, WQ}) do extend[k] = extend[k] or covered end
   end
+  flush_hx()
+  -- Every field this step dropped, in one HDEL (a hand-over drops the old holder's record
+  -- and the granted waiter's), and every field it wrote, in one HSET.
+  local gone = {}
+  for f, _ in pairs(dropped) do
+    if pending[f] == nil then table.insert(gone, f) end
+  end
+  unpack_chunks(gone, function(c) redis.call('HDEL', D, unpack(c)) end)
   local fields = {}
   for f, v in pairs(pending) do
     table.insert(fields, f)
     table.insert(fields, v)
   end
   if #fields > 0 then redis.call('HSET', D, unpack(fields)) end
-  if next(extend) ~= nil then
-    local at = expiry_at(covered)
-    for k, _ in pairs(extend) do redis.call('PEXPIREAT', k, at) end
+  local at = expiry_at(covered)
+  for k, latest in pairs(extend) do
+    if moved or made[k] or latest > ALL or not (k == HX or k == WX or k == WQ) then
+      redis.call('PEXPIREAT', k, at)
+    end
   end
 end
 

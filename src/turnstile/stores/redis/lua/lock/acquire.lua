@@ -58,7 +58,7 @@ else
   if S.limit ~= limit then pending['=limit'] = fmt(limit) end
   if S.pk ~= per_key then
     -- Only a name that was (or becomes) a group pays for this.
-    if per_key then pending['=pk'] = fmt(per_key) else redis.call('HDEL', D, '=pk') end
+    if per_key then pending['=pk'] = fmt(per_key) else drop_fields('', {'=pk'}) end
     S.pk = per_key
   end
 end
@@ -87,6 +87,7 @@ if mine then
 end
 
 local wait_id = ''
+local alone = false
 if S.waiting then
   -- Keep our place (a waiter is never behind free slots: promote left free = 0, or in a
   -- group no free slot its key could take).
@@ -112,6 +113,7 @@ elseif free > 0 and (not S.pk or key_has_room(key)) then
   finish()
   return grant_reply(h)
 elseif enqueue then
+  alone = NO_WAITERS -- the line is empty: this waiter is next
   local stamp = join(holder, lead)
   put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = stamp, expires = NOW + wait_ttl,
                       cb = callback, key = key})
@@ -119,7 +121,14 @@ elseif enqueue then
 end
 
 local position = -1
-if S.waiting or enqueue then position = redis.call('ZRANK', WQ, holder) or -1 end
+if alone then
+  position = 0
+elseif S.waiting or enqueue then
+  position = redis.call('ZRANK', WQ, holder) or -1
+  -- Someone is ahead: WQ, and WX where every waiter in line has its entry, were not made by
+  -- this step (see ALL in _lib.lua).
+  if position > 0 then made[WQ], made[WX] = nil, nil end
+end
 local retry = retry_after()
 finish()
 return noted({0, '', 0, 0, NOW, position, retry, wait_id})

@@ -13,8 +13,7 @@ load(holder)
 purge(holder)
 local released = 0
 if S.mine and (token == '' or parse_holder(S.mine).token == token) then
-  drop_holder(holder)
-  NO_HOLDERS = false -- maybe empty now: count again if needed
+  drop_holder(holder, parse_holder(S.mine))
   released = 1
 end
 if token == '' then

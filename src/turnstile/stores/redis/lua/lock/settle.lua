@@ -34,7 +34,6 @@ if h and h.pending then
     redis.call('ZREM', PD, holder)
   elseif outcome == 'refused' then
     drop_holder(holder)
-    NO_HOLDERS = false
   else -- retry
     h.cu = NOW + retry
     pending['h:' .. holder] = pack_holder(h)
