@@ -92,6 +92,27 @@ def test_an_idle_name_costs_two_short_scripts_per_acquire_and_release(
     assert lock.acquire(timeout=1).token > leases[-1].token
 
 
+def test_a_new_names_first_acquire_gives_an_expiry_only_to_the_keys_it_makes(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """A new name's first step moves its keys' expiry ("=exp", "=all"): the record and the
+    holder index get it, the line and the waiters' expiry index, known to be empty (so
+    absent), get no PEXPIREAT: names used once cost what they did before "=all"."""
+    client.lock("warm", ttl=30).acquire(timeout=1).release()  # scripts loaded
+    lock = client.lock("brand-new", ttl=30)
+    leases: list[turnstile.Lease] = []
+    spent = _spent(server, lambda: leases.append(lock.acquire(timeout=1)))
+    assert spent == {
+        "evalsha": 1, "hmget": 1, "zrange": 2, "zadd": 1, "hset": 1,
+        "pexpireat": 2,
+    }, spent
+    d, hx, wx, wq = _keys(client, "brand-new")[:4]
+    with server.admin() as admin:
+        assert admin.pttl(d) > 0 and admin.pttl(hx) > 0
+        assert not admin.exists(wx) and not admin.exists(wq)
+    assert leases[0].release() is True
+
+
 def test_a_holder_written_by_a_client_without_fast_paths_is_seen(
     client: turnstile.Client, server: RedisProcess
 ) -> None:

@@ -623,7 +623,12 @@ local function finish()
   if moved then
     pending['=exp'] = fmt(covered)
     pending['=all'] = fmt(covered)
-    for _, k in ipairs({D, HX, WX, WQ}) do extend[k] = extend[k] or covered end
+    for _, k in ipairs({D, HX, WX, WQ}) do
+      -- A sorted set known to be empty does not exist (Redis drops empty ones): no expiry
+      -- to give it (a new name's first step, or one whose line is empty).
+      local empty = (k == HX and NO_HOLDERS) or ((k == WX or k == WQ) and NO_WAITERS)
+      if not empty then extend[k] = extend[k] or covered end
+    end
   end
   flush_hx()
   -- Every field this step dropped, in one HDEL (a hand-over drops the old holder's record
