@@ -2,7 +2,8 @@
 -- text up to the next block is the query. __SCHEMA__ is replaced by the quoted schema name.
 -- Parameters are passed as data (%(param)s), never spliced in. Each query is one statement,
 -- run in autocommit mode: one transaction, no session state (works through PgBouncer in
--- transaction mode; with prepare=on, only one that supports prepared statements).
+-- transaction mode). With prepare=on (the default) each is prepared under a name hashed
+-- from its text (stores/postgres/prepared.py), which keeps that safe through a pooler.
 
 -- name: acquire
 SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after, wait_id
@@ -16,13 +17,13 @@ SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
                           %(now)s::timestamptz)
 
 -- name: acquire_fast
--- With prepare=on (planned once per connection): acquire as one plain statement (schema
--- version 12), acquire's fastest path inline: on an idle name, one UPDATE of its row grants
--- the caller there (a fast grant; the clock read once for the token and the times, again
--- if the UPDATE waited for a change of the row); on a busy one (the UPDATE changed nothing)
--- the acquire function, the full state machine. __RELAXED__: "true", or with
--- durability=relaxed the set_config that lets this transaction commit without waiting for
--- the disk (a filter on the one row returned, so evaluated once).
+-- With prepare=on (the default; planned once per connection): acquire as one plain
+-- statement (schema version 12), acquire's fastest path inline: on an idle name, one UPDATE
+-- of its row grants the caller there (a fast grant; the clock read once for the token and
+-- the times, again if the UPDATE waited for a change of the row); on a busy one (the UPDATE
+-- changed nothing) the acquire function, the full state machine. __RELAXED__: "true", or
+-- with durability=relaxed the set_config that lets this transaction commit without waiting
+-- for the disk (a filter on the one row returned, so evaluated once).
 WITH fast AS (
     UPDATE __SCHEMA__.names n
     SET (last_token, h_acquired, h_expires) = (
@@ -54,11 +55,11 @@ FROM (SELECT true AS granted, f.last_token AS token,
 WHERE __RELAXED__
 
 -- name: release_fast
--- With prepare=on: release as one plain statement (schema version 12), release's fastest
--- path inline: when the caller is the name's fast holder (so nobody else holds or waits),
--- one UPDATE of its row frees the name (released: the lease had not expired); otherwise the
--- release function. The check is on the row the UPDATE locks,
--- made again on its newest version if it waited for the lock. __RELAXED__: see acquire.
+-- With prepare=on (the default): release as one plain statement (schema version 12),
+-- release's fastest path inline: when the caller is the name's fast holder (so nobody else
+-- holds or waits), one UPDATE of its row frees the name (released: the lease had not
+-- expired); otherwise the release function. The check is on the row the UPDATE locks, made
+-- again on its newest version if it waited for the lock. __RELAXED__: see acquire.
 WITH fast AS (
     UPDATE __SCHEMA__.names n
     SET busy = false, h_holder = NULL,
