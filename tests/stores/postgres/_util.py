@@ -6,12 +6,22 @@ import os
 import secrets
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.backends import with_query
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` every 5 ms until it is true; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
 
 
 def unique() -> str:

@@ -17,14 +17,9 @@ import turnstile
 from turnstile._sync.backends.postgres_listen import PostgresWaiter
 from turnstile.stores.postgres import sql as pg
 
+from ._util import wait_for
+
 pytestmark = pytest.mark.postgres
-
-
-def _wait_for(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 def _blocked(lock: Any, out: dict[str, Any], renew: bool) -> threading.Thread:
@@ -36,7 +31,7 @@ def _blocked(lock: Any, out: dict[str, Any], renew: bool) -> threading.Thread:
             if renew:
                 with lease:
                     out["entered"] = True
-                    _wait_for(lambda: out.get("leave"), "the test never let the block end")
+                    wait_for(lambda: out.get("leave"), "the test never let the block end")
         except BaseException as exc:
             out["error"] = exc
 
@@ -59,7 +54,7 @@ def test_the_wakeup_hands_over_the_grant(pg_url: str, renew: bool) -> None:
             ears.execute(f"LISTEN {pg.quote_ident(holder.backend.config.channel)}")  # type: ignore[attr-defined]
             listener = bystander.backend.listener  # type: ignore[attr-defined]
             listener.start()
-            _wait_for(lambda: listener.up, "the bystander's LISTEN connection")
+            wait_for(lambda: listener.up, "the bystander's LISTEN connection")
             ears.execute(f"LISTEN {pg.quote_ident(listener.channel)}")
 
             # The waiter's client has waited before: its LISTEN connection is up. (A client's
@@ -67,15 +62,15 @@ def test_the_wakeup_hands_over_the_grant(pg_url: str, renew: bool) -> None:
             # it listened, so a hand-over in between may have gone unheard.)
             ears_of_waiter = waiter.backend.listener  # type: ignore[attr-defined]
             ears_of_waiter.start()
-            _wait_for(lambda: ears_of_waiter.up, "the waiter's LISTEN connection")
+            wait_for(lambda: ears_of_waiter.up, "the waiter's LISTEN connection")
 
             out: dict[str, Any] = {}
             lock = waiter.lock(name, ttl=30)
             thread = _blocked(lock, out, renew)
-            _wait_for(lambda: holder.lock(name).status().waiters, "the waiter never got in line")
+            wait_for(lambda: holder.lock(name).status().waiters, "the waiter never got in line")
             in_line = waiter.backend.statements  # type: ignore[attr-defined]
             assert first.release()
-            _wait_for(lambda: "lease" in out or "error" in out, "the waiter was not woken")
+            wait_for(lambda: "lease" in out or "error" in out, "the waiter was not woken")
             assert "error" not in out, out.get("error")
             lease = out["lease"]
             # Woken with the grant: no acquire step after the wake-up.
@@ -91,13 +86,13 @@ def test_the_wakeup_hands_over_the_grant(pg_url: str, renew: bool) -> None:
 
         # A third of the way into the short grant the renewer claims it for the full ttl,
         # with or without a with-block.
-        _wait_for(
+        wait_for(
             lambda: holder.lock(name).status().holders[0].expires_at - lease.acquired_at > 20,
             "the grant was never claimed for its ttl",
         )
         # The lease learns of it when the renewal's answer arrives, a moment after the store
         # committed it (which another connection may see first).
-        _wait_for(lambda: lease.remaining > 25, "the lease never learnt of its claim")
+        wait_for(lambda: lease.remaining > 25, "the lease never learnt of its claim")
         assert not lease.lost
         assert lease.expires_at - time.time() > 25 - 1  # the store's clock is this host's
         if renew:

@@ -6,7 +6,6 @@ evicted) re-checks at once."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -16,20 +15,15 @@ from turnstile._sync.backends import postgres_listen
 from turnstile._sync.backends.postgres_listen import ARMED_FIRST, PostgresWaiter
 from turnstile.stores.postgres import sql as pg
 
+from ._util import wait_for
+
 pytestmark = pytest.mark.postgres
-
-
-def _wait_for(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 def _listening(client: turnstile.Client) -> Any:
     listener = client.backend.listener  # type: ignore[attr-defined]
     listener.start()
-    _wait_for(lambda: listener.up, "the LISTEN connection never came up")
+    wait_for(lambda: listener.up, "the LISTEN connection never came up")
     return listener
 
 

@@ -14,7 +14,7 @@ import pytest
 import turnstile
 
 from ._cluster import Cluster
-from ._util import schema_url, unique
+from ._util import schema_url, unique, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -34,11 +34,9 @@ def _blocked_acquire(lock: Any, out: dict[str, Any]) -> threading.Thread:
     return thread
 
 
-def _wait_for(predicate: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+def _wait_for(predicate: Any, what: str) -> None:
+    """wait_for with room for a reconnection of the LISTEN connection."""
+    wait_for(predicate, what, timeout=20.0)
 
 
 def _terminate(server: str, application_name: str) -> int:

@@ -15,14 +15,9 @@ import turnstile
 from turnstile.stores.postgres import sql as pg
 from turnstile.stores.postgres.sql import wake_key
 
+from ._util import wait_for
+
 pytestmark = pytest.mark.postgres
-
-
-def _wait_for(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 def test_a_blocked_consumer_is_woken_on_its_clients_own_channel(pg_url: str) -> None:
@@ -46,7 +41,7 @@ def test_a_blocked_consumer_is_woken_on_its_clients_own_channel(pg_url: str) -> 
                 channels[:] = ears.execute(f"SELECT channel FROM {schema}.queue_waiters").fetchall()
                 return bool(channels)
 
-            _wait_for(registered, "the consumer never registered as a waiter")
+            wait_for(registered, "the consumer never registered as a waiter")
             assert channels == [(consumer.backend.listener.channel,)]  # type: ignore[attr-defined]
             sent = time.monotonic()
             producer.queue("jobs").put({"n": 1})
