@@ -267,9 +267,9 @@ def test_no_opentelemetry_means_no_op() -> None:
 
 
 def test_api_without_providers_tracks_nothing_until_one_is_set() -> None:
-    """The API installed but no provider set and configure() not called: an acquire is not
-    tracked (its reports would go to the API's no-op implementation); once the application
-    sets a global provider, tracer or meter, acquires report to it."""
+    """The API installed but no provider set and configure() not called: an acquire or a
+    queue operation is not tracked (its reports would go to the API's no-op implementation);
+    once the application sets a global provider, tracer or meter, they report to it."""
     code = (
         "import turnstile\n"
         "from opentelemetry import metrics, trace\n"
@@ -282,6 +282,10 @@ def test_api_without_providers_tracks_nothing_until_one_is_set() -> None:
         "from turnstile._core import telemetry as t\n"
         "assert t.ENABLED\n"
         "assert t.acquire('x', 1) is t._NO_TRACKER\n"
+        "with turnstile.connect('memory://') as c:\n"
+        "    q = c.queue('q'); q.put(1); assert q.get(timeout=1).ack()\n"
+        "    q.put(2); q.work(lambda m: None, max_messages=1, handle_signals=False)\n"
+        "assert t._instruments is None  # nothing made, nothing reported\n"
         "reader = InMemoryMetricReader()\n"
         "metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))\n"
         "assert t.acquire('x', 1) is not t._NO_TRACKER\n"
@@ -291,7 +295,10 @@ def test_api_without_providers_tracks_nothing_until_one_is_set() -> None:
         "trace.set_tracer_provider(provider)\n"
         "with turnstile.connect('memory://') as c:\n"
         "    with c.lock('x').acquire(timeout=1): pass\n"
-        "assert [s.name for s in exporter.get_finished_spans()] == ['turnstile.acquire']\n"
+        "    q = c.queue('q'); q.put(1); assert q.get(timeout=1).ack()\n"
+        "assert [s.name for s in exporter.get_finished_spans()] == [\n"
+        "    'turnstile.acquire', 'turnstile.queue.put', 'turnstile.queue.deliver',\n"
+        "    'turnstile.queue.settle']\n"
         "names = [m.name for rm in reader.get_metrics_data().resource_metrics\n"
         "         for sm in rm.scope_metrics for m in sm.metrics]\n"
         "assert 'turnstile.acquire.wait' in names, names\n"

@@ -228,11 +228,11 @@ _NO_TRACKER = _NoTracker()
 
 
 def _listened() -> bool:
-    """Whether anything receives what an acquire reports: providers given to
-    :func:`configure`, or a global tracer or meter provider the application set (in code or
-    by the API's environment variables). With neither, the spans and data points would go
-    to the API's no-op implementation: an acquire then skips them, and costs what it costs
-    without OpenTelemetry installed."""
+    """Whether anything receives what an acquire or a queue operation reports: providers
+    given to :func:`configure`, or a global tracer or meter provider the application set (in
+    code or by the API's environment variables). With neither, the spans and data points
+    would go to the API's no-op implementation: the operation then skips them, and costs
+    what it costs without OpenTelemetry installed."""
     if _given or _PROXIES is None:
         return True
     return not isinstance(_trace.get_tracer_provider(), _PROXIES[0]) or not isinstance(
@@ -261,7 +261,7 @@ def lease_lost(name: str, token: int, why: str) -> None:
 
 
 def queue_put(name: str, message_id: str, created: bool) -> None:
-    if not ENABLED:
+    if not ENABLED or not _listened():
         return
     inst = _get()
     inst.queue_put.add(1, {ATTR_NAME: name, "turnstile.created": created})
@@ -276,7 +276,7 @@ def queue_put(name: str, message_id: str, created: bool) -> None:
 
 
 def queue_delivered(name: str, message_id: str, attempt: int) -> None:
-    if not ENABLED:
+    if not ENABLED or not _listened():
         return
     inst = _get()
     inst.queue_delivered.add(1, {ATTR_NAME: name, "turnstile.redelivery": attempt > 1})
@@ -292,7 +292,7 @@ def queue_delivered(name: str, message_id: str, attempt: int) -> None:
 
 def queue_settled(name: str, message_id: str, settlement: str, accepted: bool) -> None:
     """``settlement``: "ack" or "nack"; ``accepted``: False when the receipt was stale."""
-    if not ENABLED:
+    if not ENABLED or not _listened():
         return
     inst = _get()
     inst.queue_settled.add(
@@ -325,7 +325,7 @@ _NO_SPAN = _NoSpan()
 def processing(name: str, message_id: str, attempt: int) -> Any:
     """A context manager around ``Queue.work``'s handler call: the span is current while the
     handler runs, so the handler's own spans are its children."""
-    if not ENABLED:
+    if not ENABLED or not _listened():
         return _NO_SPAN
     return _get().tracer.start_as_current_span(
         SPAN_QUEUE_PROCESS,
