@@ -34,6 +34,7 @@ REPLACEMENTS: list[tuple[str, str]] = [
     (r"__aenter__", "__enter__"),
     (r"__aexit__", "__exit__"),
     (r"\baclose\b", "close"),
+    (r"\basynccontextmanager\b", "contextmanager"),
     (r"\bredis\.asyncio\b", "redis"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
 ]

@@ -34,7 +34,7 @@ def _connection(client: turnstile.Client) -> Any:
 def _on_the_connection(client: turnstile.Client, sql: bytes) -> list[tuple[Any, ...]]:
     """Run ``sql`` on the pooled connection through libpq directly: psycopg's statement cache
     does not see it, as it would not see another client's statements behind a pooler."""
-    with _connection(client)._pool.connection() as conn:
+    with _connection(client).borrow() as conn:
         result = conn.pgconn.exec_(sql)
         assert result.error_message == b"", result.error_message
         return [
@@ -103,7 +103,7 @@ def test_a_statement_the_server_connection_already_has_is_used(
     lock = client.lock("dup", ttl=30)
     lock.acquire(timeout=5).release()
     before = _server_names(client)
-    with _connection(client)._pool.connection() as conn:
+    with _connection(client).borrow() as conn:
         prepared.recover(conn, prepared.MISSING)  # the cache forgets; the server keeps them
     lease = lock.acquire(timeout=5)
     assert lease.release() is True

@@ -12,16 +12,20 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator, Callable
 from typing import Any
 
 import psycopg
+from psycopg import generators, pq
+from psycopg.adapt import Transformer
+from psycopg.errors import error_from_result
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._core import forks
 from ...errors import BackendUnavailable
-from ...stores.postgres import prepared
+from ...stores.postgres import prepared, wire
 from ...stores.postgres import sql as pg
 from .. import _compat
 from .postgres_listen import LISTEN_START_WAIT, Listener
@@ -37,6 +41,24 @@ GETCONN_SLICE = 0.1
 # A statement that met this many prepared-statement misses in one call is sent unprepared.
 MISSES_PER_CALL = 3
 
+# At most this many connections a statement just used wait for the next statement outside
+# the pool (see _take), and every RECYCLE_EVERY-th return goes through the pool, which
+# retires connections past their lifetime.
+SPARE_MAX = 2
+RECYCLE_EVERY = 256
+
+_IDLE = pq.TransactionStatus.IDLE
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+
+
+def _loader(conn: Any) -> Any:
+    """The row loader of a pooled connection for the short path (psycopg's own loaders)."""
+    loader = getattr(conn, "_turnstile_loader", None)
+    if loader is None:
+        loader = conn._turnstile_loader = Transformer(conn)
+    return loader
+
 
 def _utc(epoch: float | None) -> datetime.datetime | None:
     if epoch is None:
@@ -48,6 +70,13 @@ class PostgresConnection:
     def __init__(self, config: pg.PostgresConfig, pool: ConnectionPool[Any]) -> None:
         self.config = config
         self._pool = pool
+        # Connections returned by the last statements, taken again without the pool's
+        # bookkeeping (_take, _give); _pool_waiters counts callers waiting on the pool, who
+        # are served first.
+        self._spare: list[Any] = []
+        self._spare_lock = threading.Lock()
+        self._pool_waiters = 0
+        self._returns = 0
         self._forks = forks.generation()
         self._closed = False
         self.listener = Listener(config) if config.listen_conninfo is not None else None
@@ -79,7 +108,10 @@ class PostgresConnection:
         if self._forks == forks.generation():
             return
         self._forks = forks.generation()
-        forks.abandon(self._pool, self.listener)
+        forks.abandon(self._pool, self.listener, *self._spare)
+        self._spare = []
+        self._spare_lock = threading.Lock()
+        self._pool_waiters = 0
         self._pool = new_pool(self.config)
         self.listener = Listener(self.config) if self.config.listen_conninfo else None
         self._pool.open(wait=False)
@@ -106,14 +138,21 @@ class PostgresConnection:
                 )
             try:
                 wait = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
-                conn = self._getconn(wait)
+                conn = self._take(wait)
                 try:
                     self.statements += 1
-                    if self.preparing and misses < MISSES_PER_CALL:
-                        cursor = conn.execute(query, params)
-                    else:
+                    prepare = self.preparing and misses < MISSES_PER_CALL
+                    if not prepare:
                         query = self._unprepared.get(query, query)
-                        cursor = conn.execute(query, params, prepare=False)
+                    statement = wire.parse(query)
+                    if statement is not None:
+                        try:
+                            values = wire.values(statement, params)
+                        except wire.Unsupported:
+                            statement = None
+                    if statement is not None:
+                        return self._send(conn, statement, values, prepare, many, action)
+                    cursor = conn.execute(query, params, prepare=None if prepare else False)
                     if many:
                         return cursor.fetchall()
                     return cursor.fetchone()
@@ -126,7 +165,7 @@ class PostgresConnection:
                     misses += 1
                     continue
                 finally:
-                    self._pool.putconn(conn)
+                    self._give(conn)
             except psycopg.Error as exc:
                 if self._closed or not pg.is_retryable(exc) or time.monotonic() + pause >= deadline:
                     raise pg.translate(exc, action, self.config) from exc
@@ -135,10 +174,51 @@ class PostgresConnection:
                 )
                 if pg.is_connection_error(exc):
                     # After a restart every pooled connection is dead: drop them all at once.
+                    self._return_spares()
                     with contextlib.suppress(Exception):
                         self._pool.check()
                 _compat.sleep(pause)
                 pause = min(max(pause * 2, 0.02), 0.5)
+
+    def _send(
+        self,
+        conn: Any,
+        statement: wire.Statement,
+        values: list[bytes | None],
+        prepare: bool,
+        many: bool,
+        action: str,
+    ) -> Any:
+        """One statement by the short path (``stores/postgres/wire.py``): prepared under its
+        hashed name at its first use on this connection (a server connection that already
+        has the name holds the same text: adopted), then executed; or sent unprepared. The
+        first row (all rows with ``many``), or None."""
+        pgconn = conn.pgconn
+        if prepare:
+            names = prepared.short_path_names(conn)
+            if statement.name not in names:
+                pgconn.send_prepare(statement.name, statement.text)
+                result = (conn.wait(generators.execute(pgconn)))[-1]
+                if result.status == _FATAL_ERROR:
+                    exc = error_from_result(result, encoding=conn.info.encoding)
+                    if prepared.miss_kind(exc) != prepared.DUPLICATE:
+                        raise exc
+                    self._missed(prepared.DUPLICATE, action)
+                names.add(statement.name)
+            pgconn.send_query_prepared(statement.name, values)
+        else:
+            pgconn.send_query_params(statement.text, values)
+        result = (conn.wait(generators.execute(pgconn)))[-1]
+        status = result.status
+        if status == _TUPLES_OK:
+            loader = _loader(conn)
+            loader.set_pgresult(result)
+            if many:
+                return loader.load_rows(0, result.ntuples, tuple)
+            return loader.load_row(0, tuple) if result.ntuples else None
+        if status == _FATAL_ERROR:
+            raise error_from_result(result, encoding=conn.info.encoding)
+        return None
 
     def _missed(self, kind: str, action: str) -> None:
         """Count a prepared-statement miss; after MAX_MISSES stop preparing (each miss
@@ -156,6 +236,57 @@ class PostgresConnection:
                 self.config.display,
                 self.prepare_misses,
             )
+
+    def _take(self, timeout: float) -> Any:
+        """A connection for one statement: a spare one if there is, else from the pool
+        (:meth:`_getconn`). The pool's own checkout and return cost about as much client CPU
+        as the statement's send and receive; a spare costs a list pop."""
+        with self._spare_lock:
+            if self._spare:
+                return self._spare.pop()
+            self._pool_waiters += 1
+        try:
+            return self._getconn(timeout)
+        finally:
+            with self._spare_lock:
+                self._pool_waiters -= 1
+
+    def _give(self, conn: Any) -> None:
+        """Return a connection after one statement: kept as a spare if it is idle and
+        healthy, nobody waits on the pool and fewer than SPARE_MAX are kept; else to the
+        pool (which also retires a connection past its lifetime: one return in
+        RECYCLE_EVERY goes there anyway)."""
+        self._returns += 1
+        if (
+            conn.pgconn.transaction_status == _IDLE
+            and self._returns % RECYCLE_EVERY
+            and not self._closed
+        ):
+            with self._spare_lock:
+                if not self._pool_waiters and len(self._spare) < SPARE_MAX:
+                    self._spare.append(conn)
+                    return
+        self._pool.putconn(conn)
+
+    def _return_spares(self) -> None:
+        """Give every spare connection back to the pool (closing the client, or after a
+        connection error: the pool's check then drops the dead ones)."""
+        with self._spare_lock:
+            spare, self._spare = self._spare, []
+        for conn in spare:
+            with contextlib.suppress(Exception):
+                self._pool.putconn(conn)
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[Any]:
+        """One of this client's connections, for tests and tools that must run something on
+        the very connection statements use."""
+        self.check_fork()
+        conn = self._take(self.config.connect_timeout)
+        try:
+            yield conn
+        finally:
+            self._give(conn)
 
     def _getconn(self, timeout: float) -> Any:
         """A connection from the pool within ``timeout`` seconds.
@@ -200,10 +331,11 @@ class PostgresConnection:
         if self._forks != forks.generation():
             # A forked child closing a client it never used: the pool and LISTEN connection
             # are the parent's, and closing them would end its sessions on the server.
-            forks.abandon(self._pool, self.listener)
+            forks.abandon(self._pool, self.listener, *self._spare)
             return
         if self.listener is not None:
             self.listener.close()
+        self._return_spares()
         self._pool.close()
 
 
@@ -221,7 +353,8 @@ def new_pool(config: pg.PostgresConfig) -> ConnectionPool[Any]:
         # prepare=on: every statement prepared on its first use on a connection, under a
         # name hashed from its text (stores/postgres/prepared.py, installed by configure);
         # off: never.
-        kwargs={"autocommit": True, "prepare_threshold": None},
+        # client_encoding: the short path (stores/postgres/wire.py) writes UTF-8.
+        kwargs={"autocommit": True, "prepare_threshold": None, "client_encoding": "utf8"},
         configure=_prepare if config.prepare else None,
         open=False,
         name="turnstile",

@@ -132,8 +132,19 @@ def miss_kind(exc: BaseException) -> str | None:
     return state if state in (MISSING, DUPLICATE) else None
 
 
+def short_path_names(conn: Any) -> set[bytes]:
+    """The statements the client's short path (``wire.py``) prepared on this connection, by
+    name (its own record: psycopg's cache covers only what psycopg's cursor prepared)."""
+    names: set[bytes] | None = getattr(conn, "_turnstile_prepared", None)
+    if names is None:
+        names = conn._turnstile_prepared = set()
+    return names
+
+
 def recover(conn: Any, kind: str) -> None:
-    """Bring a connection's cache in line with its server connection after a miss."""
+    """Bring a connection's caches in line with its server connection after a miss."""
+    if kind == MISSING:
+        short_path_names(conn).clear()
     manager = getattr(conn, "_prepared", None)
     if not isinstance(manager, HashedPrepareManager):
         return

@@ -1,0 +1,100 @@
+"""The client's short path to the server for its own statements (no I/O here).
+
+Every statement the PostgreSQL backends send is one of the fixed texts of ``queries.sql``,
+with named parameters of a few plain types. psycopg's cursor is general: per call it parses
+the query's placeholders (cached), chooses a dumper per value, manages its prepared-statement
+cache and builds a cursor; measured on these statements it is a third of the client's CPU
+per call. The short path does that work once per statement text instead:
+
+* :func:`parse` turns ``%(name)s`` placeholders into ``$1``, ``$2``, ... once, and names
+  the statement as :mod:`.prepared` does (a hash of its text: the same name means the same
+  statement on any server connection, which keeps preparing safe behind a pooler);
+* :func:`dump` writes each value in PostgreSQL's text format, leaving its type to the cast
+  every placeholder carries (``%(ttl)s::float8``), so one prepared statement serves every
+  value.
+
+The connection (``_async/backends/postgres_connection.py``) sends the statement with libpq's
+own calls and reads the rows with psycopg's loaders. A value :func:`dump` does not know, or a
+query it cannot compile, goes through psycopg's cursor as before (:class:`Unsupported`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from . import prepared
+
+_PLACEHOLDER = re.compile(r"%\(([A-Za-z_][A-Za-z0-9_]*)\)s")
+
+
+class Unsupported(Exception):
+    """A query or a value the short path leaves to psycopg's cursor."""
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One query text ready for the wire: ``text`` with ``$n`` placeholders, the parameter
+    names in ``$n`` order, and the name it is prepared under."""
+
+    text: bytes
+    params: tuple[str, ...]
+    name: bytes
+
+
+@functools.lru_cache(maxsize=512)
+def parse(query: str) -> Statement | None:
+    """``query`` (psycopg's ``%(name)s`` style) as a :class:`Statement`, or None if it holds
+    anything else psycopg would interpret (a literal ``%``)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    text = _PLACEHOLDER.sub(number, query)
+    if "%" in text:
+        return None
+    data = text.encode("utf-8")
+    return Statement(data, tuple(names), prepared.statement_name(data, ()))
+
+
+def dump(value: Any) -> bytes | None:
+    """``value`` in PostgreSQL's text input format (None: NULL). Raises :class:`Unsupported`
+    for a type this path does not write, and for a string holding NUL, which the text
+    protocol cannot carry (psycopg's cursor then reports it as usual)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise Unsupported("NUL in a string")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate
+            raise Unsupported("a string UTF-8 cannot encode") from None
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return int.__repr__(value).encode("ascii")
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float.__repr__(value).encode("ascii")
+        if math.isnan(value):
+            return b"NaN"
+        return b"Infinity" if value > 0 else b"-Infinity"
+    if isinstance(value, bytes):
+        return b"\\x" + value.hex().encode("ascii")
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.isoformat().encode("ascii")
+    raise Unsupported(f"a value of type {type(value).__name__}")
+
+
+def values(statement: Statement, params: dict[str, Any]) -> list[bytes | None]:
+    """The parameters of one call, in ``$n`` order."""
+    return [dump(params[name]) for name in statement.params]
