@@ -85,3 +85,17 @@ def test_values_follow_the_statement_order() -> None:
     s = wire.parse("SELECT %(b)s::int, %(a)s::text, %(b)s::int")
     assert s is not None
     assert wire.values(s, {"a": "x", "b": 2, "unused": 3}) == [b"2", b"x"]
+
+
+@pytest.mark.parametrize("value", ["a\x00b", "\ud800", [1], datetime.datetime(2026, 1, 1)])
+def test_values_refuse_what_dump_refuses(value: object) -> None:
+    s = wire.parse("SELECT %(a)s::text")
+    assert s is not None
+    with pytest.raises(wire.Unsupported):
+        wire.values(s, {"a": value})
+
+
+def test_values_write_subclasses_as_their_base() -> None:
+    s = wire.parse("SELECT %(a)s::int, %(b)s::float8, %(c)s::boolean")
+    assert s is not None
+    assert wire.values(s, {"a": Colour.RED, "b": 2.0, "c": True}) == [b"7", b"2.0", b"t"]

@@ -24,6 +24,7 @@ import datetime
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,12 +73,7 @@ def dump(value: Any) -> bytes | None:
     if value is None:
         return None
     if isinstance(value, str):
-        if "\x00" in value:
-            raise Unsupported("NUL in a string")
-        try:
-            return value.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate
-            raise Unsupported("a string UTF-8 cannot encode") from None
+        return _text(value)
     if isinstance(value, bool):
         return b"t" if value else b"f"
     if isinstance(value, int):
@@ -95,6 +91,34 @@ def dump(value: Any) -> bytes | None:
     raise Unsupported(f"a value of type {type(value).__name__}")
 
 
+def _text(value: str) -> bytes:
+    if "\x00" in value:
+        raise Unsupported("NUL in a string")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        raise Unsupported("a string UTF-8 cannot encode") from None
+
+
+def _null(value: None) -> None:
+    return None
+
+
+# The exact types a call's values mostly have, and their writers (dump's own order of tests
+# is the fallback, for subclasses and the rest).
+_WRITERS: dict[type, Callable[[Any], bytes | None]] = {
+    str: _text,
+    type(None): _null,
+    int: lambda value: int.__repr__(value).encode("ascii"),
+    bool: lambda value: b"t" if value else b"f",
+}
+
+
 def values(statement: Statement, params: dict[str, Any]) -> list[bytes | None]:
     """The parameters of one call, in ``$n`` order."""
-    return [dump(params[name]) for name in statement.params]
+    out: list[bytes | None] = []
+    for name in statement.params:
+        value = params[name]
+        writer = _WRITERS.get(type(value))
+        out.append(dump(value) if writer is None else writer(value))
+    return out
