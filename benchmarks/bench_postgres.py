@@ -347,9 +347,11 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "text, so safe through any pooler) that calls the PL/pgSQL function only when the "
         "name is busy (with `prepare=off`, the function call, parsed and planned at every "
         "call); no waiter is armed and no LISTEN connection opened unless the acquire has "
-        "to wait. What remains is the client's own work per call (the pool, the lease and "
-        "its renewer) and the statement's own: it reads the name's row, checks for a fast "
-        "grant and writes the token counter, where the naive row only inserts or deletes."
+        "to wait; the client sends it by its short path (docs/postgres.md, \"The client's "
+        "short path\": no cursor, no pool checkout), spending less CPU per call than the "
+        "naive row's psycopg cursor. What remains is the lease and its renewer, and the "
+        "statement's own work: it reads the name's row, checks for a fast grant and writes "
+        "the token counter, where the naive row only inserts or deletes."
     )
     naive_u = unc["naive row (1 s poll)"].ops_per_s
     summary.insert(
