@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -7,7 +8,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,24 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> 
     while not predicate():
         assert time.monotonic() < deadline, what
         time.sleep(0.005)
+
+
+def client_connection(client: Any) -> Any:
+    """The PostgreSQL connection object (pool, short path, retry loop) behind a client."""
+    return client.backend.connection
+
+
+@contextlib.contextmanager
+def small_client(pg_url: str, pool_max: int) -> Iterator[Any]:
+    """A client with at most ``pool_max`` pooled connections (1: every statement runs on the
+    same one), closed afterwards."""
+    import turnstile
+
+    client = turnstile.connect(f"{pg_url}&pool_min=1&pool_max={pool_max}")
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def unique() -> str:

@@ -14,21 +14,19 @@ import pytest
 import turnstile
 from turnstile.stores.postgres import prepared
 
+from ._util import client_connection, small_client
+
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
 def client(pg_url: str) -> Iterator[turnstile.Client]:
     """A client with one pooled connection, so every statement runs on the same one."""
-    c = turnstile.connect(f"{pg_url}&pool_min=1&pool_max=1")
-    try:
+    with small_client(pg_url, 1) as c:
         yield c
-    finally:
-        c.close()
 
 
-def _connection(client: turnstile.Client) -> Any:
-    return client.backend.connection  # type: ignore[attr-defined]
+_connection = client_connection
 
 
 def _on_the_connection(client: turnstile.Client, sql: bytes) -> list[tuple[Any, ...]]:

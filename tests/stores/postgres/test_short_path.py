@@ -8,12 +8,13 @@ from __future__ import annotations
 import datetime
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 import turnstile
 from turnstile.errors import TurnstileError
+
+from ._util import client_connection, small_client
 
 pytestmark = pytest.mark.postgres
 
@@ -25,15 +26,11 @@ ROUND_TRIP = (
 
 @pytest.fixture
 def client(pg_url: str) -> Iterator[turnstile.Client]:
-    c = turnstile.connect(f"{pg_url}&pool_min=1&pool_max=2")
-    try:
+    with small_client(pg_url, 2) as c:
         yield c
-    finally:
-        c.close()
 
 
-def _connection(client: turnstile.Client) -> Any:
-    return client.backend.connection  # type: ignore[attr-defined]
+_connection = client_connection
 
 
 @pytest.mark.parametrize("prepare", ["on", "off"])
