@@ -133,3 +133,32 @@ def test_a_connection_left_in_a_transaction_is_not_kept(client: turnstile.Client
     assert pooled not in conn._spare  # the pool rolled it back (or dropped it)
     with client.lock("y", ttl=30).acquire(timeout=5):
         pass
+
+
+async def test_a_cancelled_async_statement_leaves_a_usable_connection(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async caller cancelled while its statement runs: psycopg cancels the query on the
+    server and drains it, so the connection comes back idle (kept, not closed with a
+    warning) and the next statement runs at once."""
+    import asyncio
+    import logging
+
+    import turnstile.aio
+
+    c = await turnstile.aio.connect(f"{pg_url}&pool_min=1&pool_max=1")
+    try:
+        conn = client_connection(c)
+        assert await conn.run("SELECT 1", {}, "test") == (1,)
+        task = asyncio.ensure_future(conn.run("SELECT pg_sleep(%(s)s::float8)", {"s": 30.0}, "t"))
+        await asyncio.sleep(0.2)
+        with caplog.at_level(logging.WARNING):
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            started = asyncio.get_running_loop().time()
+            assert await conn.run("SELECT %(x)s::int", {"x": 7}, "test") == (7,)
+        assert asyncio.get_running_loop().time() - started < 10  # not the 30 s sleep
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    finally:
+        await c.close()
