@@ -66,29 +66,8 @@ def parse(query: str) -> Statement | None:
     return Statement(data, tuple(names), prepared.statement_name(data, ()))
 
 
-def dump(value: Any) -> bytes | None:
-    """``value`` in PostgreSQL's text input format (None: NULL). Raises :class:`Unsupported`
-    for a type this path does not write, and for a string holding NUL, which the text
-    protocol cannot carry (psycopg's cursor then reports it as usual)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return _text(value)
-    if isinstance(value, bool):
-        return b"t" if value else b"f"
-    if isinstance(value, int):
-        return int.__repr__(value).encode("ascii")
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return float.__repr__(value).encode("ascii")
-        if math.isnan(value):
-            return b"NaN"
-        return b"Infinity" if value > 0 else b"-Infinity"
-    if isinstance(value, bytes):
-        return b"\\x" + value.hex().encode("ascii")
-    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
-        return value.isoformat().encode("ascii")
-    raise Unsupported(f"a value of type {type(value).__name__}")
+def _null(value: None) -> None:
+    return None
 
 
 def _text(value: str) -> bytes:
@@ -100,25 +79,59 @@ def _text(value: str) -> bytes:
         raise Unsupported("a string UTF-8 cannot encode") from None
 
 
-def _null(value: None) -> None:
-    return None
+def _bool(value: bool) -> bytes:
+    return b"t" if value else b"f"
 
 
-# The exact types a call's values mostly have, and their writers (dump's own order of tests
-# is the fallback, for subclasses and the rest).
+def _int(value: int) -> bytes:
+    return int.__repr__(value).encode("ascii")
+
+
+def _float(value: float) -> bytes:
+    if math.isfinite(value):
+        return float.__repr__(value).encode("ascii")
+    if math.isnan(value):
+        return b"NaN"
+    return b"Infinity" if value > 0 else b"-Infinity"
+
+
+def _bytes(value: bytes) -> bytes:
+    return b"\\x" + value.hex().encode("ascii")
+
+
+def _datetime(value: datetime.datetime) -> bytes:
+    if value.tzinfo is None:
+        raise Unsupported("a datetime without a time zone")
+    return value.isoformat().encode("ascii")
+
+
+# The writer of each type, looked up by a value's exact type; a subclass (an IntEnum, a str
+# subclass) is written as the first base it is an instance of, in this order (bool before
+# int).
 _WRITERS: dict[type, Callable[[Any], bytes | None]] = {
-    str: _text,
     type(None): _null,
-    int: lambda value: int.__repr__(value).encode("ascii"),
-    bool: lambda value: b"t" if value else b"f",
+    str: _text,
+    bool: _bool,
+    int: _int,
+    float: _float,
+    bytes: _bytes,
+    datetime.datetime: _datetime,
 }
+
+
+def dump(value: Any) -> bytes | None:
+    """``value`` in PostgreSQL's text input format (None: NULL). Raises :class:`Unsupported`
+    for a type this path does not write, and for a string holding NUL, which the text
+    protocol cannot carry (psycopg's cursor then reports it as usual)."""
+    writer = _WRITERS.get(type(value))
+    if writer is None:
+        kind = next((k for k in _WRITERS if isinstance(value, k)), None)
+        if kind is None:
+            raise Unsupported(f"a value of type {type(value).__name__}")
+        writer = _WRITERS[kind]
+    return writer(value)
 
 
 def values(statement: Statement, params: dict[str, Any]) -> list[bytes | None]:
     """The parameters of one call, in ``$n`` order."""
-    out: list[bytes | None] = []
-    for name in statement.params:
-        value = params[name]
-        writer = _WRITERS.get(type(value))
-        out.append(dump(value) if writer is None else writer(value))
-    return out
+    return [dump(params[name]) for name in statement.params]
