@@ -46,6 +46,7 @@ def command(args: Sequence[str], supervisor: str = "sigwaitinfo") -> list[str]:
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a hung command shows its stacks on SIGABRT
     env.update(extra or {})
     return env
 

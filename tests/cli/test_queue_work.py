@@ -38,7 +38,15 @@ def sh(script: str) -> list[str]:
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
-    _, err = proc.communicate(timeout=timeout)
+    """The worker's exit code and stderr. One that has not exited in ``timeout`` is sent
+    SIGABRT: Python's fault handler (PYTHONFAULTHANDLER, set by ``environment``) prints
+    every thread's stack, and the test fails showing where it hung."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(f"the worker had not exited after {timeout:g} s; its stderr:\n{err}")
     return proc.returncode, err
 
 

@@ -169,6 +169,29 @@ def test_sigterm_finishes_current_messages_and_takes_no_new_one(
     assert (s.ready, s.in_flight) == (4, 0)
 
 
+def test_a_signal_the_kernel_hands_to_a_worker_thread_still_stops_work(
+    qclient: turnstile.Client,
+) -> None:
+    """A signal sent to a process goes to any of its threads that does not block it, and
+    Python runs the handler in the main thread, which q.work keeps waiting for its workers:
+    the handler must run anyway (a worker waiting for the next message waits for the very
+    stop the handler brings)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed from the main thread only")
+    q = qclient.queue("signalled-thread", visibility_timeout=30)
+    q.put("only")
+    seen: list[str] = []
+
+    def handler(message: turnstile.Message) -> None:
+        seen.append(message.payload)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this worker thread
+
+    # Without the handler the only way out is the idle timeout ("idle_timeout").
+    result = q.work(handler, idle_timeout=60)
+    assert seen == ["only"]
+    assert (result.acked, result.stopped_by) == (1, "signal")
+
+
 async def test_async_work(aqclient: turnstile.aio.Client) -> None:
     vt = 3.0  # extended every second: an extension may be two seconds late before it lapses
     q = aqclient.queue("async-work", visibility_timeout=vt, max_attempts=2)

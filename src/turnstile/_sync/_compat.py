@@ -25,6 +25,8 @@ Handle = threading.Thread
 sleep = time.sleep
 # The lease renewer thread of a process ends after this long with nothing held.
 RENEWER_IDLE = 30.0
+# How often the main thread, waiting for a thread to end, looks for a signal to handle.
+SIGNAL_POLL = 0.2
 
 
 def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -42,8 +44,18 @@ def spawn(fn: Callable[[], None], name: str) -> threading.Thread:
 
 
 def join(handle: threading.Thread) -> None:
-    if handle is not threading.current_thread():
+    if handle is threading.current_thread():
+        return
+    if threading.current_thread() is not threading.main_thread():
         handle.join()
+        return
+    # Python runs a signal's handler in the main thread, but the kernel may hand a signal
+    # sent to the process to any of its threads: then the flag is set and the main thread,
+    # asleep in an endless join, never looks at it (a Ctrl-C or SIGTERM ignored until the
+    # thread ends, which may be never: q.work's workers wait for that very handler). A
+    # join in slices returns to the interpreter now and then, which runs the handler.
+    while handle.is_alive():
+        handle.join(SIGNAL_POLL)
 
 
 def alive(handle: threading.Thread) -> bool:
