@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,17 @@ def queue(url: str, name: str = "jobs") -> Iterator[turnstile.Queue]:
 
 def sh(script: str) -> list[str]:
     return ["sh", "-c", script]
+
+
+def _line_of(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The next line the worker writes to stderr ('' if none comes within ``timeout``)."""
+    stream = proc.stderr
+    assert stream is not None
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return got[0] if got else ""
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
@@ -252,6 +264,34 @@ def test_sigterm_past_grace_terminates_and_nacks_for_redelivery(store: str, tmp_
         taken = [q.get(timeout=0) for _ in ids]
     assert {m.id for m in taken if m is not None} == ids
     assert {m.attempt for m in taken if m is not None} == {2}
+
+
+def test_a_second_signal_ends_the_grace_period_at_once(store: str, tmp_path: Path) -> None:
+    with queue(store) as q:
+        for n in range(2):
+            q.put(n, key=f"k{n}")
+    proc = spawn(
+        "queue", "work", "jobs", "--url", store, "--concurrency", "2", "--grace", "600",
+        "--", *sh(WAIT_FOR_GO.format(d=tmp_path)),
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _started(tmp_path) == 2, 60, "both commands running")
+        proc.send_signal(signal.SIGTERM)
+        # Two signals of a kind that arrive before the first is handled are one (the kernel
+        # and Python both merge them): the second is sent once the drain has begun.
+        first = _line_of(proc, 60)
+        assert "SIGTERM: taking no new message; waiting up to 600 seconds" in first
+        proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, err
+    assert "grace period over" in err
+    assert "stopped (SIGTERM): 0 acked, 2 failed" in err
+    assert (tmp_path / "termed").read_text().split() == ["term", "term"]
 
 
 def test_usage_errors_name_the_flag(tmp_path: Path) -> None:

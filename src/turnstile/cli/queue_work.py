@@ -28,8 +28,9 @@ from ._support import EXIT_NOT_FOUND, EXIT_OK, EXIT_SIGNAL_BASE
 
 GRACE_DEFAULT = 30.0
 STOP_RETRY = 0.1  # seconds between the drain's repeated Queue.stop() calls
-# A command killed by a signal: how long to wait for the worker's own handler of the same
-# signal (which runs in the main thread) before treating the exit as the command's failure.
+# A command killed by a signal: how long to wait for the worker's own handling of the same
+# signal (the drain's thread, told by the handler) before treating the exit as the
+# command's failure.
 SIGNAL_SETTLE = 2.0
 KILL_AFTER_DEFAULT = 10.0
 # Signals that make the worker drain. A second one ends the grace period at once.
@@ -248,8 +249,8 @@ class _Runner:
         code = child.returncode
         if code < 0:
             # Killed by a signal: if it was a terminal's Ctrl-C (or a SIGTERM to the process
-            # group), the same signal reached this process too, but its handler runs in the
-            # main thread and may not have run yet. Give it a moment before judging.
+            # group), the same signal reached this process too, but the drain handles it on
+            # a thread of its own and may not have yet. Give it a moment before judging.
             self.drain_started.wait(SIGNAL_SETTLE)
             code = EXIT_SIGNAL_BASE - code
         took = time.monotonic() - started
@@ -293,7 +294,13 @@ def _stopped_by(signum: int) -> tuple[int, ...]:
 class _Drain:
     """The worker's SIGTERM/SIGINT/SIGHUP handling: the first signal stops claiming
     (:meth:`Queue.stop`) and starts the grace period; when it ends (or on a second signal)
-    running commands get SIGTERM, then SIGKILL after ``kill_after``."""
+    running commands get SIGTERM, then SIGKILL after ``kill_after``.
+
+    Python runs a signal handler in the main thread between two of its bytecodes, wherever
+    that thread was: possibly holding a lock the handler's work would take (an Event's, the
+    threading module's own when a worker thread just ended). So the handler only writes the
+    signal's number to a pipe; a thread started by :meth:`install` reads it and does the
+    rest."""
 
     def __init__(self, queue: Queue, runner: _Runner, grace: float, kill_after: float) -> None:
         self.queue = queue
@@ -303,10 +310,15 @@ class _Drain:
         self.signal: int | None = None
         self.hurry = threading.Event()
         self.done = threading.Event()
+        self.watcher: threading.Thread | None = None
         self.thread: threading.Thread | None = None
         self.previous: dict[int, Any] = {}
+        self._read, self._write = os.pipe()  # not inherited by the commands (PEP 446)
+        os.set_blocking(self._write, False)
 
     def install(self) -> None:
+        self.watcher = threading.Thread(target=self._watch, name="turnstile-signals", daemon=True)
+        self.watcher.start()
         for signum in DRAINING:
             current = signal.getsignal(signum)
             if current == signal.SIG_IGN:
@@ -319,10 +331,31 @@ class _Drain:
         self.hurry.set()
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
-        if self.thread is not None:
-            self.thread.join()
+        with contextlib.suppress(OSError):
+            os.write(self._write, b"\0")  # wakes the watcher, which sees done
+        for thread in (self.watcher, self.thread):
+            if thread is not None:
+                thread.join()
+        os.close(self._read)
+        os.close(self._write)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError):  # the pipe is full: signals are on their way already
+            os.write(self._write, bytes([signum]))
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                received = os.read(self._read, 64)
+            except OSError:
+                return
+            if not received or self.done.is_set():
+                return
+            for signum in received:
+                if signum:
+                    self._received(signum)
+
+    def _received(self, signum: int) -> None:
         if self.signal is not None:
             self.hurry.set()
             return
