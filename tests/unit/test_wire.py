@@ -71,7 +71,8 @@ def test_values_in_text_format(value: object, text: bytes | None) -> None:
         "a\x00b",  # the text protocol ends a value at NUL: psycopg's cursor reports it
         "\ud800",  # a lone surrogate: not UTF-8
         datetime.datetime(2026, 11, 26),  # naive: no time zone to send
-        [1, 2],
+        [1, 2],  # an array of anything but text
+        ["a\x00"],
         {"a": 1},
         bytearray(b"x"),
     ],
@@ -79,6 +80,18 @@ def test_values_in_text_format(value: object, text: bytes | None) -> None:
 def test_other_values_are_left_to_psycopg(value: object) -> None:
     with pytest.raises(wire.Unsupported):
         wire.dump(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ([], b"{}"),
+        (["a", None, ""], b'{"a",NULL,""}'),
+        (('q"b', "c\\d", "x,y", "NULL"), b'{"q\\"b","c\\\\d","x,y","NULL"}'),
+    ],
+)
+def test_text_arrays(value: object, text: bytes) -> None:
+    assert wire.dump(value) == text
 
 
 def test_values_follow_the_statement_order() -> None:

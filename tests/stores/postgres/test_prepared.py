@@ -52,7 +52,6 @@ def test_names_are_a_hash_of_text_and_types() -> None:
     assert a != prepared.statement_name(b"SELECT $1", (20,))
     assert a != prepared.statement_name(b"SELECT $1 ", (25,))
     assert a.startswith(b"_ts_") and len(a) == 36  # well within PostgreSQL's 63 bytes
-    assert prepared.COMPATIBLE  # this psycopg is the one the manager extends
 
 
 def test_statements_are_prepared_by_default_under_hashed_names(

@@ -56,11 +56,34 @@ def test_values_read_back_as_sent(pg_url: str, prepare: str) -> None:
         c.close()
 
 
+@pytest.mark.parametrize("prepare", ["on", "off"])
+def test_text_arrays_read_back_as_sent(pg_url: str, prepare: str) -> None:
+    """What queue_requeue and queue_purge send (``%(ids)s::text[]``): every element read
+    back as it was, whatever array syntax it holds, and prepared like every statement."""
+    c = turnstile.connect(f"{pg_url}&prepare={prepare}")
+    try:
+        conn = _connection(c)
+        for ids in [
+            [],
+            ["a"],
+            ["a", None, "", "NULL", "null", 'q"b', "back\\slash", "x,y", "{}", " sp ", "é✓"],
+            ("tuple", "too"),
+        ]:
+            for _ in range(2):
+                row = conn.run(
+                    "SELECT %(ids)s::text[], cardinality(%(ids)s::text[])", {"ids": ids}, "test"
+                )
+                assert row == (list(ids), len(ids))
+    finally:
+        c.close()
+
+
 def test_what_the_short_path_leaves_to_psycopg_still_runs(client: turnstile.Client) -> None:
     conn = _connection(client)
     naive = datetime.datetime(2026, 1, 1, 12, 0)  # no time zone: psycopg's cursor sends it
     assert conn.run("SELECT %(t)s::timestamp", {"t": naive}, "test") == (naive,)
     assert conn.run("SELECT %(a)s::text LIKE 'x%%'", {"a": "xy"}, "test") == (True,)
+    assert conn.run("SELECT %(a)s::int[]", {"a": [1, 2]}, "test") == ([1, 2],)
 
 
 @pytest.mark.parametrize("bad", ["a\x00b", "\ud800"])

@@ -86,7 +86,7 @@ class AsyncPostgresConnection:
         # Prepared statements (prepare=on, the default; stores/postgres/prepared.py): on
         # until this client has met MAX_MISSES statements its server connections lost or
         # already had, then off, with acquire and release sent as their function calls.
-        self.preparing = config.prepare and prepared.COMPATIBLE
+        self.preparing = config.prepare
         self.prepare_misses = 0
         self._unprepared = {config.statement(n): config.query(n) for n in ("acquire", "release")}
 
@@ -151,7 +151,7 @@ class AsyncPostgresConnection:
                             statement = None
                     if statement is not None:
                         return await self._send(conn, statement, values, prepare, many, action)
-                    cursor = await conn.execute(query, params, prepare=None if prepare else False)
+                    cursor = await conn.execute(query, params, prepare=False)
                     if many:
                         return await cursor.fetchall()
                     return await cursor.fetchone()
@@ -338,23 +338,17 @@ class AsyncPostgresConnection:
         await self._pool.close()
 
 
-async def _prepare(conn: Any) -> None:
-    """A new pooled connection prepares each statement at its first use, by hashed name."""
-    prepared.install(conn)
-
-
 def new_pool(config: pg.PostgresConfig) -> AsyncConnectionPool[Any]:
     """The client's connection pool, not opened yet."""
     return AsyncConnectionPool(
         config.conninfo,
         min_size=config.pool_min,
         max_size=config.pool_max,
-        # prepare=on: every statement prepared on its first use on a connection, under a
-        # name hashed from its text (stores/postgres/prepared.py, installed by configure);
-        # off: never.
-        # client_encoding: the short path (stores/postgres/wire.py) writes UTF-8.
+        # prepare_threshold=None: psycopg prepares nothing; with prepare=on the short path
+        # (stores/postgres/wire.py) prepares each statement at its first use on a
+        # connection, under a name hashed from its text (stores/postgres/prepared.py).
+        # client_encoding: the short path writes UTF-8.
         kwargs={"autocommit": True, "prepare_threshold": None, "client_encoding": "utf8"},
-        configure=_prepare if config.prepare else None,
         open=False,
         name="turnstile",
         timeout=config.connect_timeout,

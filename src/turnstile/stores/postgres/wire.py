@@ -10,12 +10,14 @@ per call. The short path does that work once per statement text instead:
   the statement as :mod:`.prepared` does (a hash of its text: the same name means the same
   statement on any server connection, which keeps preparing safe behind a pooler);
 * :func:`dump` writes each value in PostgreSQL's text format, leaving its type to the cast
-  every placeholder carries (``%(ttl)s::float8``), so one prepared statement serves every
-  value.
+  every placeholder carries (``%(ttl)s::float8``, ``%(ids)s::text[]``), so one prepared
+  statement serves every value.
 
 The connection (``_async/backends/postgres_connection.py``) sends the statement with libpq's
-own calls and reads the rows with psycopg's loaders. A value :func:`dump` does not know, or a
-query it cannot compile, goes through psycopg's cursor as before (:class:`Unsupported`).
+own calls and reads the rows with psycopg's loaders. A value :func:`dump` does not write (a
+string holding NUL or a lone surrogate, a type none of the statements use), or a query it
+cannot compile, goes through psycopg's cursor unprepared (:class:`Unsupported`): psycopg then
+reports the value as usual.
 """
 
 from __future__ import annotations
@@ -99,6 +101,23 @@ def _bytes(value: bytes) -> bytes:
     return b"\\x" + value.hex().encode("ascii")
 
 
+def _element(value: Any) -> bytes:
+    """One element of a text array: NULL, or the element's text quoted (backslash before
+    ``"`` and ``\\``), which array input reads back as it was whatever it holds (commas,
+    braces, spaces, the word NULL)."""
+    if value is None:
+        return b"NULL"
+    if not isinstance(value, str):
+        raise Unsupported(f"an array element of type {type(value).__name__}")
+    text = _text(value).replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+    return b'"' + text + b'"'
+
+
+def _array(value: list[Any] | tuple[Any, ...]) -> bytes:
+    """A list or tuple of strings (or None) as a text array, for a ``::text[]`` cast."""
+    return b"{" + b",".join(_element(v) for v in value) + b"}"
+
+
 def _datetime(value: datetime.datetime) -> bytes:
     if value.tzinfo is None:
         raise Unsupported("a datetime without a time zone")
@@ -116,6 +135,8 @@ _WRITERS: dict[type, Callable[[Any], bytes | None]] = {
     float: _float,
     bytes: _bytes,
     datetime.datetime: _datetime,
+    list: _array,
+    tuple: _array,
 }
 
 
