@@ -1606,8 +1606,11 @@ BEGIN
         v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
     o_now := extract(epoch FROM v_now);
+    -- The message by its id alone (the unique index), then checked: a condition the
+    -- deadline index could also serve would let the plan walk every message in flight.
     DELETE FROM __SCHEMA__.queue_messages m
-    WHERE m.queue_id = v_qid AND m.id = p_id
+    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
+                   WHERE s.queue_id = v_qid AND s.id = p_id)
       AND m.state = 1 AND m.receipt = p_ack_receipt AND m.deadline > v_now;
     o_acked := FOUND;
     IF o_acked THEN
@@ -1707,8 +1710,11 @@ BEGIN
     ELSIF v_expired THEN
         v_wake := __SCHEMA__._queue_purge(v_qid, v_now);
     END IF;
+    -- The message by its id alone (the unique index), then checked: a condition the
+    -- deadline index could also serve would let the plan walk every message in flight.
     DELETE FROM __SCHEMA__.queue_messages m
-    WHERE m.queue_id = v_qid AND m.id = p_id
+    WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
+                   WHERE s.queue_id = v_qid AND s.id = p_id)
       AND m.state = 1 AND m.receipt = p_receipt AND m.deadline > v_now;
     v_acked := FOUND;
     IF v_acked THEN
