@@ -34,8 +34,13 @@ def test_there_is_a_benchmark() -> None:
     assert any(p.name == "bench_sqlite.py" for p in SCRIPTS)
 
 
+# A quick run takes 35 to 125 s on the CI machine (bench_admission the longest), more when
+# the machine is busy: the bound is there to catch a hang, not to time the run.
+QUICK_RUN_LIMIT = 400
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(QUICK_RUN_LIMIT + 20)
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_quick_run_completes(script: Path, tmp_path: Path) -> None:
     output = tmp_path / "results.md"
@@ -53,7 +58,7 @@ def test_quick_run_completes(script: Path, tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=QUICK_RUN_LIMIT,
         cwd=ROOT,
         env=env,
     )
