@@ -74,6 +74,7 @@ def spawn(
     env: dict[str, str] | None = None,
     supervisor: str = "sigwaitinfo",
     stdout: int | None = subprocess.PIPE,
+    start_new_session: bool = False,
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         command(args, supervisor),
@@ -81,6 +82,7 @@ def spawn(
         stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=start_new_session,
         preexec_fn=default_signals,
     )
 

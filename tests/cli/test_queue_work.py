@@ -201,19 +201,38 @@ def _started(tmp_path: Path) -> int:
     return len(list(tmp_path.glob("started.*")))
 
 
-def test_sigterm_drains_running_commands_and_takes_no_new_message(
-    store: str, tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def _two_commands_running(
+    store: str, tmp_path: Path, *options: str, new_session: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], set[str]]]:
+    """Two messages put (keys k0 and k1), then ``turnstile queue work`` on them with
+    ``--concurrency 2`` and ``options``, each command waiting for the file ``go`` in
+    ``tmp_path``: the worker and the message ids once both commands run. A worker still
+    running at the end is killed. The worker starts with the default action for the signals
+    under test (``spawn``): a suite started in the background of a non-interactive shell, as
+    CI may start it, inherits SIGINT ignored, and the worker rightly keeps an ignored signal
+    ignored."""
     with queue(store) as q:
-        for n in range(2):
-            q.put(n, key=f"k{n}")
+        ids = {q.put(n, key=f"k{n}") for n in range(2)}
     proc = spawn(
-        "queue", "work", "jobs", "--url", store, "--concurrency", "2", "--grace", "120",
+        "queue", "work", "jobs", "--url", store, "--concurrency", "2", *options,
         "--", *sh(WAIT_FOR_GO.format(d=tmp_path)),
         stdout=subprocess.DEVNULL,
+        start_new_session=new_session,
     )  # fmt: skip
     try:
         wait_until(lambda: _started(tmp_path) == 2, 60, "both commands running")
+        yield proc, ids
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_sigterm_drains_running_commands_and_takes_no_new_message(
+    store: str, tmp_path: Path
+) -> None:
+    with _two_commands_running(store, tmp_path, "--grace", "120") as (proc, _):
         proc.send_signal(signal.SIGTERM)
         with queue(store) as q:
             late = q.put("late")
@@ -222,10 +241,6 @@ def test_sigterm_drains_running_commands_and_takes_no_new_message(
         assert proc.poll() is None
         (tmp_path / "go").touch()
         code, err = finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert code == 0, err
     assert "SIGTERM: taking no new message" in err
     assert "stopped (SIGTERM): 2 acked, 0 failed" in err
@@ -239,21 +254,9 @@ def test_sigterm_drains_running_commands_and_takes_no_new_message(
 
 
 def test_sigterm_past_grace_terminates_and_nacks_for_redelivery(store: str, tmp_path: Path) -> None:
-    with queue(store) as q:
-        ids = {q.put(n, key=f"k{n}") for n in range(2)}
-    proc = spawn(
-        "queue", "work", "jobs", "--url", store, "--concurrency", "2", "--grace", "0.2",
-        "--", *sh(WAIT_FOR_GO.format(d=tmp_path)),
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_until(lambda: _started(tmp_path) == 2, 60, "both commands running")
+    with _two_commands_running(store, tmp_path, "--grace", "0.2") as (proc, ids):
         proc.send_signal(signal.SIGINT)
         code, err = finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert code == 0, err
     assert "grace period over" in err
     assert "stopped (SIGINT): 0 acked, 2 failed" in err
@@ -267,16 +270,7 @@ def test_sigterm_past_grace_terminates_and_nacks_for_redelivery(store: str, tmp_
 
 
 def test_a_second_signal_ends_the_grace_period_at_once(store: str, tmp_path: Path) -> None:
-    with queue(store) as q:
-        for n in range(2):
-            q.put(n, key=f"k{n}")
-    proc = spawn(
-        "queue", "work", "jobs", "--url", store, "--concurrency", "2", "--grace", "600",
-        "--", *sh(WAIT_FOR_GO.format(d=tmp_path)),
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_until(lambda: _started(tmp_path) == 2, 60, "both commands running")
+    with _two_commands_running(store, tmp_path, "--grace", "600") as (proc, _):
         proc.send_signal(signal.SIGTERM)
         # Two signals of a kind that arrive before the first is handled are one (the kernel
         # and Python both merge them): the second is sent once the drain has begun.
@@ -284,10 +278,6 @@ def test_a_second_signal_ends_the_grace_period_at_once(store: str, tmp_path: Pat
         assert "SIGTERM: taking no new message; waiting up to 600 seconds" in first
         proc.send_signal(signal.SIGTERM)
         code, err = finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert code == 0, err
     assert "grace period over" in err
     assert "stopped (SIGTERM): 0 acked, 2 failed" in err
@@ -307,32 +297,10 @@ def test_usage_errors_name_the_flag(tmp_path: Path) -> None:
 def test_ctrl_c_to_the_process_group_nacks_without_backoff(store: str, tmp_path: Path) -> None:
     """A terminal's Ctrl-C reaches the worker and its commands alike: the commands die of
     it, and their messages go back without the --backoff a failure would get."""
-    from ._invoke import command, default_signals, environment
-
-    with queue(store) as q:
-        ids = {q.put(n, key=f"k{n}") for n in range(2)}
-    proc = subprocess.Popen(
-        command(["queue", "work", "jobs", "--url", store, "--concurrency", "2",
-                 "--backoff", "600", "--max-backoff", "600",
-                 "--", *sh(WAIT_FOR_GO.format(d=tmp_path))]),
-        env=environment(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # A suite started in the background of a non-interactive shell (as CI may start it)
-        # inherits SIGINT ignored, and the worker rightly keeps an ignored signal ignored:
-        # this test is about a terminal's Ctrl-C, so the worker starts with the defaults.
-        preexec_fn=default_signals,
-    )  # fmt: skip
-    try:
-        wait_until(lambda: _started(tmp_path) == 2, 60, "both commands running")
+    options = ("--backoff", "600", "--max-backoff", "600")
+    with _two_commands_running(store, tmp_path, *options, new_session=True) as (proc, ids):
         os.killpg(proc.pid, signal.SIGINT)
         code, err = finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert code == 0, err
     assert "stopped (SIGINT): 0 acked, 2 failed" in err
     assert "stopped by the drain" in err
