@@ -163,7 +163,8 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
                 f"{pg / skip:.2f}x the plain `SKIP LOCKED` table")
         if pw:
             line += (f"; {pw:,.0f} with its worker loop `q.work` ({pw / skip:.2f}x), which acks "
-                     "a message and claims the next in one transaction")
+                     "a message and claims the next in one transaction (consumed as its "
+                     "handler, as a user's handler runs: benchmarks/README.md)")
         kw, kg = keyed.get(("postgres", WORK)), keyed.get(("postgres", "turnstile"))
         if kw and kg:
             line += (f"; keyed ({kw.keys} keys) {kg.per_second:,.0f} ({kg.per_second / skip:.2f}x) "
@@ -193,15 +194,22 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
             "polls with an exponential back-off, a Turnstile consumer is woken by the put.")
     pr = rate.get(("postgres", "procrastinate"))
     if pr and pg:
-        line = (f"- **procrastinate** (its own `Worker`, LISTEN/NOTIFY): {pr:,.0f} messages/s "
-                f"without a lock, against {pg:,.0f} for the Turnstile queue on the same "
-                f"PostgreSQL ({pg / pr:.2f}x)")
+        line = (f"- **procrastinate** (its own `Worker`, LISTEN/NOTIFY, consumed as its "
+                f"task, as `q.work` is as its handler): {pr:,.0f} messages/s without a lock, "
+                f"against {pg:,.0f} for the Turnstile queue on the same PostgreSQL with `get` "
+                f"+ `ack` ({pg / pr:.2f}x)")
+        if pw:
+            line += f" and {pw:,.0f} with its worker loop ({pw / pr:.2f}x)"
         kp, kt = keyed.get(("postgres", "procrastinate")), keyed.get(("postgres", "turnstile"))
+        kw = keyed.get(("postgres", WORK))
         if kp and kt:
             line += (f"; with a `lock` per key ({kp.keys} keys), {kp.per_second:,.0f} against "
                      f"Turnstile's keyed queue {kt.per_second:,.0f} "
-                     f"({kt.per_second / kp.per_second:.2f}x)"
-                     f"; put->start p50 {kp.latency_p50_ms:.1f} ms against "
+                     f"({kt.per_second / kp.per_second:.2f}x)")
+            if kw:
+                line += (f" and {kw.per_second:,.0f} with its worker loop "
+                         f"({kw.per_second / kp.per_second:.2f}x)")
+            line += (f"; put->start p50 {kp.latency_p50_ms:.1f} ms against "
                      f"{kt.latency_p50_ms:.1f} ms")
         out.append(line + ". procrastinate's lock only orders jobs that are already queued "
                    "(a job whose lock is held waits, in id order); it has no cap and no "

@@ -471,6 +471,20 @@ class QueueAdapter(LockAdapter):
         return None
 
 
+class WorkerLoopQueue(QueueAdapter):
+    """A queue consumed by a library's own worker loop, which calls a handler per message
+    (Turnstile's ``q.work``, procrastinate's ``Worker``) rather than being asked for the next
+    one. The throughput scenario runs its consumer *as* that handler (:meth:`serve`), as a
+    user's handler runs: handing each message to another thread and waiting for it back would
+    charge the loop for two thread switches per message that its users never pay."""
+
+    def serve(self, handler: Callable[[Any], bool]) -> None:
+        """Run the worker loop in this thread, calling ``handler(payload)`` for each message
+        it delivers, until ``handler`` returns True (that message is the consumer's last: the
+        loop takes nothing more) and the loop has settled it."""
+        raise NotImplementedError
+
+
 class TurnstileQueue(QueueAdapter):
     """A Turnstile client and queue."""
 
@@ -502,55 +516,17 @@ class TurnstileQueue(QueueAdapter):
         self.client.close()
 
 
-class TurnstileWorkQueue(TurnstileQueue):
-    """A Turnstile queue consumed by its own worker loop, ``q.work`` (one worker, on a thread
-    of its own), as procrastinate's rows use its ``Worker``: the handler hands the message to
-    :meth:`take` and returns once :meth:`done` is called; the loop then acks it, on
-    PostgreSQL in the same step as it claims the next (``queue_ack_claim``)."""
+class TurnstileWorkQueue(TurnstileQueue, WorkerLoopQueue):
+    """A Turnstile queue consumed by its own worker loop, ``q.work`` (one worker): the loop
+    acks each message when its handler returns, on PostgreSQL in the same step as it claims
+    the next (``queue_ack_claim``)."""
 
-    def __init__(self, url: str, name: str, visibility_timeout: float = 30.0) -> None:
-        super().__init__(url, name, visibility_timeout)
-        self._thread: Any = None
-        self._jobs: Any = None
+    def serve(self, handler: Callable[[Any], bool]) -> None:
+        def handle(message: Any) -> None:
+            if handler(message.payload):
+                self.q.stop()  # take nothing more: this message is the consumer's last
 
-    def _start(self) -> None:
-        import queue
-        import threading
-
-        jobs: queue.Queue[tuple[Any, threading.Event]] = queue.Queue()
-        self._jobs = jobs
-
-        def handler(message: Any) -> None:
-            finished = threading.Event()
-            jobs.put((message.payload, finished))
-            finished.wait()
-
-        self._thread = threading.Thread(
-            target=lambda: self.q.work(handler, handle_signals=False), daemon=True
-        )
-        self._thread.start()
-
-    def take(self, timeout: float) -> tuple[Any, Any] | None:
-        import queue
-
-        if self._thread is None:
-            self._start()
-        try:
-            payload, finished = self._jobs.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if isinstance(payload, dict) and payload.get("stop"):
-            self.q.stop()  # take nothing more: the message in hand is this consumer's last
-        return payload, finished
-
-    def done(self, handle: Any) -> None:
-        handle.set()
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self.q.stop()
-            self._thread.join(30)
-        self.client.close()
+        self.q.work(handle, handle_signals=False)
 
 
 class SkipLockedQueue(QueueAdapter):
@@ -736,14 +712,12 @@ def _dramatiq_record(payload: Any) -> None:
     """The Dramatiq actor's body (never run: the benchmark consumes the broker directly)."""
 
 
-class ProcrastinateQueue(QueueAdapter):
+class ProcrastinateQueue(WorkerLoopQueue):
     """procrastinate on PostgreSQL (its schema in a database of the run's own:
     :func:`servers.procrastinate_database`). put = defer a job (``lock=key`` when the message
     has a key: procrastinate's per-key serialisation, no two jobs with one lock run at once);
     a consumer runs procrastinate's own ``Worker`` (``concurrency=1``, LISTEN/NOTIFY, jobs
-    deleted when done) on a thread of its own, and the job's task hands the payload to
-    :meth:`take` and returns once :meth:`done` is called, so a job counts as started when the
-    consumer has it and as finished when it is acknowledged, as for every queue here."""
+    deleted when done), whose task is the consumer's handler."""
 
     def __init__(self, url: str) -> None:
         import procrastinate
@@ -754,10 +728,6 @@ class ProcrastinateQueue(QueueAdapter):
         )
         self.producer.task(name="bench_record")(_procrastinate_noop)
         self.producer.open()
-        self._thread: Any = None
-        self._worker: Any = None
-        self._loop: Any = None
-        self._jobs: Any = None
 
     def acquire(self, name: str) -> None:
         self.producer.check_connection()
@@ -766,69 +736,35 @@ class ProcrastinateQueue(QueueAdapter):
         task = self.producer.tasks["bench_record"]
         task.configure(lock=key).defer(payload=payload)
 
-    def _start(self) -> None:
+    def serve(self, handler: Callable[[Any], bool]) -> None:
         import asyncio
-        import queue
-        import threading
 
         import procrastinate
         from procrastinate.worker import Worker
 
-        self._jobs = queue.Queue()
-        ready = threading.Event()
-        jobs = self._jobs
+        async def main() -> None:
+            app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=self.url))
+            worker: Any = None
 
-        def run() -> None:
-            async def main() -> None:
-                app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=self.url))
+            @app.task(name="bench_record")
+            async def record(payload: Any) -> None:
+                if handler(payload):
+                    worker.stop()  # fetch nothing more: this job is the consumer's last
 
-                @app.task(name="bench_record")
-                async def record(payload: Any) -> None:
-                    finished = asyncio.Event()
-                    jobs.put((payload, (loop, finished)))
-                    await finished.wait()
+            async with app.open_async():
+                worker = Worker(
+                    app,
+                    concurrency=1,
+                    wait=True,
+                    listen_notify=True,
+                    delete_jobs="always",
+                    install_signal_handlers=False,
+                )
+                await worker.run()
 
-                loop = asyncio.get_running_loop()
-                async with app.open_async():
-                    self._worker = Worker(
-                        app,
-                        concurrency=1,
-                        wait=True,
-                        listen_notify=True,
-                        delete_jobs="always",
-                        install_signal_handlers=False,
-                    )
-                    self._loop = loop
-                    ready.set()
-                    await self._worker.run()
-
-            asyncio.run(main())
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        ready.wait(30)
-
-    def take(self, timeout: float) -> tuple[Any, Any] | None:
-        import queue
-
-        if self._thread is None:
-            self._start()
-        try:
-            payload, handle = self._jobs.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if isinstance(payload, dict) and payload.get("stop"):
-            self._worker.stop()  # fetch nothing more: the job in hand is this consumer's last
-        return payload, handle
-
-    def done(self, handle: Any) -> None:
-        loop, finished = handle
-        loop.call_soon_threadsafe(finished.set)
+        asyncio.run(main())
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._worker.stop()
-            self._thread.join(30)
         self.producer.close()
 
 

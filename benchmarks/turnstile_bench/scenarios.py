@@ -28,7 +28,14 @@ from turnstile.demo import DEFAULT_EVENTS as DEMO_EVENTS
 from turnstile.demo import Webhook, arrival_schedule
 from turnstile.demo import ideal_makespan as demo_ideal_makespan
 
-from .adapters import Contender, LockAdapter, QueueAdapter, TurnstileLock, TurnstileQueue
+from .adapters import (
+    Contender,
+    LockAdapter,
+    QueueAdapter,
+    TurnstileLock,
+    TurnstileQueue,
+    WorkerLoopQueue,
+)
 from .metrics import (
     DEFAULT_FIFO_TOLERANCE,
     Grant,
@@ -442,7 +449,8 @@ def _queue_webhook_job(adapter: Any, args: tuple[Any, ...], go: float) -> list[H
 def _throughput_job(adapter: Any, args: tuple[Any, ...], go: float) -> Any:
     """Role "put": put ``count`` messages at ``rate`` per second (0: pre-filled, nothing to
     do), keyed ``k<i % keys>`` when ``keys``. Role "get": take and settle until a stop
-    message; record (sent, start, settled)."""
+    message (a worker loop's adapter: be the loop's handler until then); record (sent,
+    start, settled)."""
     role, count, rate, consumers, keys = args
     clock = time.monotonic
     if role == "put":
@@ -456,6 +464,24 @@ def _throughput_job(adapter: Any, args: tuple[Any, ...], go: float) -> Any:
             adapter.put({"stop": True, "t": clock()})
         return []
     seen: list[tuple[float, float, float]] = []
+    if isinstance(adapter, WorkerLoopQueue):
+        # The consumer is the loop's handler. A loop settles a message before it delivers
+        # the next, so a message counts as settled when the handler is called again (for
+        # the last one, with the stop message).
+        started: list[float] = []
+
+        def handler(payload: Any) -> bool:
+            now = clock()
+            if started:
+                seen.append((started[0], started[1], now))
+                started.clear()
+            if "stop" in payload:
+                return True
+            started.extend((payload["t"], now))
+            return False
+
+        adapter.serve(handler)
+        return seen
     while True:
         got = adapter.take(timeout=30)
         if got is None:
