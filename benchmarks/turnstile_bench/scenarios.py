@@ -468,16 +468,16 @@ def _throughput_job(adapter: Any, args: tuple[Any, ...], go: float) -> Any:
         # The consumer is the loop's handler. A loop settles a message before it delivers
         # the next, so a message counts as settled when the handler is called again (for
         # the last one, with the stop message).
-        started: list[float] = []
+        in_hand: tuple[float, float] | None = None  # (sent, start) of the message in hand
 
         def handler(payload: Any) -> bool:
+            nonlocal in_hand
             now = clock()
-            if started:
-                seen.append((started[0], started[1], now))
-                started.clear()
+            if in_hand is not None:
+                seen.append((*in_hand, now))
             if "stop" in payload:
                 return True
-            started.extend((payload["t"], now))
+            in_hand = (payload["t"], now)
             return False
 
         adapter.serve(handler)
