@@ -267,13 +267,26 @@ class RedisServer:
         while True:
             # Connection refused while it binds, -LOADING while it reads its append-only file.
             with contextlib.suppress(OSError, RespError):
-                if self.command("PING", timeout=1) == "PONG":
+                if self.command("PING", timeout=1) == "PONG" and self._answering_is_ours():
                     return
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 log = self.log()
                 self.kill()  # never leave a half-started server behind
                 raise RuntimeError(f"redis-server on port {self.port} did not start: {log}")
             time.sleep(0.02)
+
+    def _answering_is_ours(self) -> bool:
+        """Whether the server answering on our port is the one we started: a free port can
+        be taken by someone else between our finding it and our server binding it, and that
+        other server would answer our PING while ours exits."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        reply = self.command("CONFIG", "GET", "dir", timeout=1)
+        return (
+            isinstance(reply, list)
+            and len(reply) == 2
+            and os.path.realpath(str(reply[1])) == os.path.realpath(self.folder)
+        )
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
@@ -357,9 +370,15 @@ class RedisClusterServers:
     def url(self) -> str:
         return f"redis+cluster://{HOST}:{self.port}"
 
-    def start(self) -> None:
-        """Start every node; the first time, assign the slots and introduce the nodes. Returns
-        once every node reports ``cluster_state:ok`` and knows every master."""
+    def start(self, timeout: float = 90.0) -> None:
+        """Start every node; the first time, assign the slots, give each node its own config
+        epoch and introduce the nodes. Returns once every node reports ``cluster_state:ok``
+        and knows every master; raises ``RuntimeError`` with what each node reports if that
+        takes more than ``timeout`` seconds.
+
+        A node introduced by ``CLUSTER MEET`` is forgotten again when the handshake does not
+        complete within the node timeout (a machine busy for a few seconds is enough), so
+        any node the first one still does not know is introduced again every few seconds."""
         for node in self.nodes:
             node.start()
         if not self._formed():
@@ -367,16 +386,37 @@ class RedisClusterServers:
             for i, node in enumerate(self.nodes):
                 last = CLUSTER_SLOTS - 1 if i == len(self.nodes) - 1 else (i + 1) * per - 1
                 node.command("CLUSTER", "ADDSLOTS", *range(i * per, last + 1))
-            for node in self.nodes[1:]:
-                self.nodes[0].command("CLUSTER", "MEET", HOST, node.port)
-        deadline = time.monotonic() + 30
+                # Distinct epochs, as redis-cli --cluster create sets them: no collision for
+                # the nodes to resolve among themselves first.
+                node.command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+        deadline = time.monotonic() + timeout
+        introduce_at = 0.0
         while not self._ready():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+            now = time.monotonic()
+            if now > deadline:
+                raise RuntimeError(
+                    f"the Redis Cluster did not reach cluster_state:ok in {timeout:.0f} s; "
+                    + "; ".join(self._report(node) for node in self.nodes)
+                )
+            if now >= introduce_at:
+                self._introduce()
+                introduce_at = now + 3.0
             time.sleep(0.1)
         # A node can report ok a moment before its gossip has reached the others: a client
         # arriving then may be told about an incomplete slot table.
         time.sleep(0.5)
+
+    def _introduce(self) -> None:
+        """``CLUSTER MEET`` every node the first node does not know (or knows only as a
+        handshake that has not completed)."""
+        known = str(self.nodes[0].command("CLUSTER", "NODES")).splitlines()
+        for node in self.nodes[1:]:
+            address = f"{HOST}:{node.port}@"
+            if not any(address in line and "handshake" not in line for line in known):
+                # While a handshake is still under way, MEET answers an error: the next
+                # round tries again if that handshake is dropped.
+                with contextlib.suppress(RespError):
+                    self.nodes[0].command("CLUSTER", "MEET", HOST, node.port)
 
     def _formed(self) -> bool:
         info = str(self.nodes[0].command("CLUSTER", "INFO"))
@@ -389,6 +429,25 @@ class RedisClusterServers:
             if len(str(node.command("CLUSTER", "NODES")).splitlines()) < len(self.nodes):
                 return False
         return True
+
+    @staticmethod
+    def _report(node: RedisServer) -> str:
+        try:
+            info = str(node.command("CLUSTER", "INFO"))
+            nodes = str(node.command("CLUSTER", "NODES"))
+        except (OSError, RespError) as exc:
+            return f"port {node.port}: {type(exc).__name__}: {exc}; log: {node.log()[-500:]!r}"
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        state = {
+            k: fields.get(k, "?")
+            for k in (
+                "cluster_state",
+                "cluster_known_nodes",
+                "cluster_slots_assigned",
+                "cluster_slots_ok",
+            )
+        }
+        return f"port {node.port}: {state}, nodes: {nodes.strip()!r}"
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
@@ -90,6 +91,67 @@ def test_starter_redis_with_a_password() -> None:
         assert server.command("PING") == "PONG"
         with pytest.raises(servers.RespError, match="NOAUTH"):
             servers.resp(server.port, "PING")
+
+
+def test_starter_redis_does_not_take_another_server_for_its_own() -> None:
+    """A port found free can be taken before our server binds it: the server already there
+    answers PING, but start() waits for its own, which cannot bind, and says so."""
+    with contextlib.ExitStack() as stack:
+        first = _start(stack, servers.redis_server())
+        second = servers.RedisServer(None, port=first.port, binary=first.binary)
+        try:
+            with pytest.raises(RuntimeError, match=f"on port {first.port} did not start"):
+                second.start()
+            assert second.proc is None
+        finally:
+            second.close()
+        assert first.command("PING") == "PONG"
+
+
+@pytest.mark.slow
+def test_starter_redis_cluster_introduces_a_forgotten_node_again() -> None:
+    """A CLUSTER MEET whose handshake does not complete in the node timeout is forgotten (a
+    busy machine is enough): start() introduces the node again until it is known."""
+    cluster = servers.RedisClusterServers(3)
+    try:
+        for node in cluster.nodes:
+            node.start()
+        cluster.nodes[2].pause()  # the first MEET to it cannot complete its handshake
+        try:
+            per = servers.CLUSTER_SLOTS // 3
+            for i, node in enumerate(cluster.nodes[:2]):
+                node.command("CLUSTER", "ADDSLOTS", *range(i * per, (i + 1) * per))
+            cluster.nodes[0].command("CLUSTER", "MEET", servers.HOST, cluster.nodes[2].port)
+            # The handshake entry lasts the node timeout (5 s); then it is dropped.
+            deadline = time.monotonic() + 30
+            while f":{cluster.nodes[2].port}@" in cluster.nodes[0].command("CLUSTER", "NODES"):
+                assert time.monotonic() < deadline, "the handshake was never dropped"
+                time.sleep(0.2)
+        finally:
+            cluster.nodes[2].resume()
+        cluster.nodes[2].command("CLUSTER", "ADDSLOTS", *range(2 * per, servers.CLUSTER_SLOTS))
+        cluster.start()  # assigned already: no ADDSLOTS again, but the MEET again
+        for node in cluster.nodes:
+            assert "cluster_state:ok" in node.command("CLUSTER", "INFO")
+            assert len(node.command("CLUSTER", "NODES").splitlines()) == 3
+    finally:
+        cluster.close()
+
+
+def test_starter_redis_cluster_reports_what_each_node_says_when_it_gives_up() -> None:
+    cluster = servers.RedisClusterServers(2)
+    try:
+        for node in cluster.nodes:
+            node.start()
+        cluster.nodes[0].command("CLUSTER", "ADDSLOTS", 0)  # formed, but 16,383 slots unowned
+        with pytest.raises(RuntimeError) as caught:
+            cluster.start(timeout=1)
+        message = str(caught.value)
+        assert "did not reach cluster_state:ok in 1 s" in message
+        for node in cluster.nodes:
+            assert f"port {node.port}: {{'cluster_state': 'fail'" in message
+    finally:
+        cluster.close()
 
 
 @pytest.mark.slow
