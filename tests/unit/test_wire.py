@@ -18,9 +18,9 @@ def test_placeholders_become_numbered_in_order_of_first_use() -> None:
     assert s is not None
     assert s.text == b"SELECT f($1::text, $2::float8, $1::text, $3)"
     assert s.params == ("name", "ttl", "now")
-    assert s.name == prepared.statement_name(s.text, ())
+    assert s.name == prepared.statement_name(s.text)
     assert wire.parse("SELECT 1") == wire.Statement(
-        b"SELECT 1", (), prepared.statement_name(b"SELECT 1", ())
+        b"SELECT 1", (), prepared.statement_name(b"SELECT 1")
     )
 
 

@@ -46,11 +46,11 @@ def _server_names(client: turnstile.Client) -> set[str]:
     return {bytes(r[0]).decode() for r in rows}
 
 
-def test_names_are_a_hash_of_text_and_types() -> None:
-    a = prepared.statement_name(b"SELECT $1", (25,))
-    assert a == prepared.statement_name(b"SELECT $1", (25,))
-    assert a != prepared.statement_name(b"SELECT $1", (20,))
-    assert a != prepared.statement_name(b"SELECT $1 ", (25,))
+def test_names_are_a_hash_of_the_text() -> None:
+    a = prepared.statement_name(b"SELECT $1::text")
+    assert a == prepared.statement_name(b"SELECT $1::text")
+    assert a != prepared.statement_name(b"SELECT $1::int8")
+    assert a != prepared.statement_name(b"SELECT $1::text ")
     assert a.startswith(b"_ts_") and len(a) == 36  # well within PostgreSQL's 63 bytes
 
 

@@ -38,12 +38,11 @@ DUPLICATE = "42P05"
 
 PREFIX = b"_ts_"
 
-def statement_name(query: bytes, types: tuple[int, ...]) -> bytes:
-    """The name under which a statement with this text and these parameter types is
-    prepared on every server connection: 128 bits of SHA-256, hex."""
-    digest = hashlib.sha256(query)
-    digest.update(b"\0" + ",".join(str(t) for t in types).encode("ascii"))
-    return PREFIX + digest.hexdigest()[:32].encode("ascii")
+def statement_name(query: bytes) -> bytes:
+    """The name under which a statement with this text is prepared on every server
+    connection: 128 bits of SHA-256, hex. The text alone fixes the statement: it is prepared
+    without parameter types, so the server infers them from the text (its casts)."""
+    return PREFIX + hashlib.sha256(query).hexdigest()[:32].encode("ascii")
 
 
 def miss_kind(exc: BaseException) -> str | None:

@@ -65,7 +65,7 @@ def parse(query: str) -> Statement | None:
     if "%" in text:
         return None
     data = text.encode("utf-8")
-    return Statement(data, tuple(names), prepared.statement_name(data, ()))
+    return Statement(data, tuple(names), prepared.statement_name(data))
 
 
 def _null(value: None) -> None:
