@@ -190,10 +190,12 @@ def test_worker_killed_9_message_redelivered_after_visibility_timeout(
     assert message_id
 
 
+# The trap is set before the command says it started: a test that sees it started may
+# signal it at once (a busy machine can hold the shell between two of its lines for long).
 WAIT_FOR_GO = (
-    'd="{d}"; touch "$d/started.$TURNSTILE_MESSAGE_ID"; trap \'echo term >> "$d/termed"; '
-    'exit 143\' TERM; i=0; while [ ! -e "$d/go" ]; do i=$((i+1)); [ $i -gt 1200 ] && exit 9; '
-    "sleep 0.05; done"
+    'd="{d}"; trap \'echo term >> "$d/termed"; exit 143\' TERM; '
+    'touch "$d/started.$TURNSTILE_MESSAGE_ID"; i=0; while [ ! -e "$d/go" ]; do i=$((i+1)); '
+    "[ $i -gt 1200 ] && exit 9; sleep 0.05; done"
 )
 
 
