@@ -485,8 +485,8 @@ class WorkerLoopQueue(QueueAdapter):
         raise NotImplementedError
 
 
-class TurnstileQueue(QueueAdapter):
-    """A Turnstile client and queue."""
+class _TurnstileQueueHandle(QueueAdapter):
+    """A Turnstile client and queue: what both ways of consuming it share."""
 
     def __init__(self, url: str, name: str, visibility_timeout: float = 30.0) -> None:
         import turnstile
@@ -505,6 +505,13 @@ class TurnstileQueue(QueueAdapter):
     def put(self, payload: Any, key: str | None = None) -> None:
         self.q.put(payload, key=key)
 
+    def close(self) -> None:
+        self.client.close()
+
+
+class TurnstileQueue(_TurnstileQueueHandle):
+    """A Turnstile queue consumed with ``get`` and ``ack``."""
+
     def take(self, timeout: float) -> tuple[Any, Any] | None:
         m = self.q.get(timeout=timeout)
         return None if m is None else (m.payload, m)
@@ -512,11 +519,8 @@ class TurnstileQueue(QueueAdapter):
     def done(self, handle: Any) -> None:
         handle.ack()
 
-    def close(self) -> None:
-        self.client.close()
 
-
-class TurnstileWorkQueue(TurnstileQueue, WorkerLoopQueue):
+class TurnstileWorkQueue(_TurnstileQueueHandle, WorkerLoopQueue):
     """A Turnstile queue consumed by its own worker loop, ``q.work`` (one worker): the loop
     acks each message when its handler returns, on PostgreSQL in the same step as it claims
     the next (``queue_ack_claim``)."""
