@@ -120,6 +120,19 @@ def test_dropped_wait_step_reply(store: ProxiedStore, clients: Any) -> None:
     that carries the grant (the LISTEN connection is reset as it arrives)."""
     through, direct = clients
     fence = Fence()
+    deadline = time.monotonic() + 20
+    if store.name != "redis":
+        # A client's LISTEN connection starts with its first wait, and a join made before it
+        # is up names no channel of this client: that grant would be announced on the
+        # schema's channel, or found by the waiter's re-check once the connection is up,
+        # and the drop below would wait for a NOTIFY that never comes. Up first, so the
+        # waiter's join names its channel and the grant's NOTIFY is the reply dropped.
+        listener = through.backend.listener
+        assert listener is not None
+        listener.start()
+        while not listener.up:
+            assert time.monotonic() < deadline, "the LISTEN connection never came up"
+            time.sleep(0.01)
     holder = direct.lock("job", ttl=TTL).acquire(timeout=10, holder="holder")
     fence.write(holder.token)
     got: dict[str, Any] = {}
@@ -136,7 +149,6 @@ def test_dropped_wait_step_reply(store: ProxiedStore, clients: Any) -> None:
     blpops = store.proxy.request_count(b"BLPOP")
     thread = threading.Thread(target=waiter)
     thread.start()
-    deadline = time.monotonic() + 20
     while not direct.lock("job").status().waiters:
         assert time.monotonic() < deadline, "the waiter never joined the line"
         time.sleep(0.01)
@@ -148,11 +160,6 @@ def test_dropped_wait_step_reply(store: ProxiedStore, clients: Any) -> None:
         blpops = store.proxy.request_count(b"BLPOP")
         store.proxy.drop_next_reply(request_marker=b"BLPOP")
     else:
-        listener = through.backend.listener
-        assert listener is not None
-        while not listener.up:
-            assert time.monotonic() < deadline, "the LISTEN connection never came up"
-            time.sleep(0.01)
         store.proxy.drop_next_reply(reply_marker=listener.channel.encode())
     fence.done(holder.token)
     released = time.monotonic()
