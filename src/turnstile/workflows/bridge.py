@@ -42,7 +42,6 @@ import contextlib
 import json
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ from ..errors import (
     InvalidArgument,
     TurnstileError,
 )
-from . import aws, lifecycle
+from . import aws, lifecycle, threads
 from .deliverer import DEFAULT_CLAIM, Deliverer
 from .reconciler import DEFAULT_INTERVAL, Reconciler
 
@@ -151,7 +150,7 @@ class Bridge:
     async def check_queue(self) -> dict[str, str]:
         """GetQueueAttributes: fails at once, naming the fix, if the queue cannot be used."""
         try:
-            found = await asyncio.to_thread(
+            found = await threads.call(
                 aws.client("sqs").get_queue_attributes,
                 QueueUrl=self.queue_url,
                 AttributeNames=["FifoQueue", "VisibilityTimeout"],
@@ -183,7 +182,7 @@ class Bridge:
         failures = 0
         try:
             while not stop.is_set():
-                receiving = asyncio.ensure_future(_in_daemon_thread(self._receive))
+                receiving = asyncio.ensure_future(threads.call(self._receive))
                 stopping = asyncio.ensure_future(stop.wait())
                 await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 stopping.cancel()
@@ -241,7 +240,7 @@ class Bridge:
             {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
         ]
         try:
-            answer = await asyncio.to_thread(
+            answer = await threads.call(
                 aws.client("sqs").delete_message_batch, QueueUrl=self.queue_url, Entries=entries
             )
         except Exception as exc:
@@ -394,7 +393,7 @@ class Bridge:
         transient failure keeps the message, whose action is idempotent."""
         text = json.dumps(output, separators=(",", ":"))
         try:
-            await asyncio.to_thread(
+            await threads.call(
                 aws.client("stepfunctions").send_task_success, taskToken=task_token, output=text
             )
         except Exception as exc:
@@ -415,7 +414,7 @@ class Bridge:
             return
         log.info("refused a %s (SQS message %s): %s", what, message_id, exc.cause)
         try:
-            await asyncio.to_thread(
+            await threads.call(
                 aws.client("stepfunctions").send_task_failure,
                 taskToken=task_token,
                 error=exc.error,
@@ -442,32 +441,6 @@ async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             await stop.wait()
-
-
-async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
-    """``fn()`` in a daemon thread: unlike ``asyncio.to_thread``, a 20 s long poll in flight
-    never holds up the process's exit."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def settle(ok: bool, value: Any) -> None:
-        if future.done():
-            return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-    def work() -> None:
-        try:
-            value, ok = fn(), True
-        except Exception as exc:
-            value, ok = exc, False
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(settle, ok, value)
-
-    threading.Thread(target=work, name="turnstile-sqs-receive", daemon=True).start()
-    return await future
 
 
 async def serve(

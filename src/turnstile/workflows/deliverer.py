@@ -29,7 +29,6 @@ as delivered, not as a reason to release (the first attempt evidently resumed it
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
@@ -45,7 +44,7 @@ from .._async.backends.protocol import AsyncBackend
 from .._core import callbacks, lock_machine, validate
 from .._core.records import CallbackDelivery
 from ..errors import ConfigurationError, InvalidArgument, TurnstileError
-from . import aws
+from . import aws, threads
 
 log = logging.getLogger("turnstile.deliver")
 
@@ -225,10 +224,6 @@ class Deliverer:
         if not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
             raise InvalidArgument("concurrency must be an integer from 1 to 1000")
         self._concurrency = concurrency
-        # Sends block (boto3, urllib): in threads of our own, as many as may run at once.
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=concurrency, thread_name_prefix="turnstile-deliver"
-        )
         self._secret = secret if secret is not None else secret_from_env()
         self._send = sender or default_sender(self._secret)
         self._nudged = asyncio.Event()
@@ -340,11 +335,10 @@ class Deliverer:
                 ),
                 separators=(",", ":"),
             ).encode("utf-8")
-            loop = asyncio.get_running_loop()
             try:
-                outcome = await loop.run_in_executor(
-                    self._executor, self._send, delivery, callback, body
-                )
+                # Sends block (boto3, urllib): each in a thread that a stopping deliverer may
+                # abandon (threads.py); at most `concurrency` run at once (see _loop).
+                outcome = await threads.call(self._send, delivery, callback, body)
             except Exception as exc:  # a sender's own bug must not lose the delivery
                 outcome = Outcome(RETRY, f"sender failed: {type(exc).__name__}")
         retry_in = min(MAX_BACKOFF, 0.2 * 2 ** min(delivery.attempts - 1, 10))

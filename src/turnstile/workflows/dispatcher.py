@@ -46,7 +46,7 @@ from .._async.client import AsyncClient
 from .._async.queue import AsyncMessage, AsyncQueue
 from .._core import timing, validate
 from ..errors import BackendUnavailable, ConfigurationError, InvalidArgument, TurnstileError
-from . import aws
+from . import aws, threads
 
 log = logging.getLogger("turnstile.dispatch")
 
@@ -275,7 +275,7 @@ class Dispatcher:
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
         client = self._client()
-        return await asyncio.to_thread(getattr(client, method), **kwargs)
+        return await threads.call(getattr(client, method), **kwargs)
 
     async def _retrying(self, what: str, method: str, **kwargs: Any) -> Any:
         """Call until it succeeds or fails with an AWS error code that is not transient (the

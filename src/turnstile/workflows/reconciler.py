@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from .._async.client import AsyncClient
 from .._core import validate
 from ..errors import TurnstileError
-from . import aws
+from . import aws, threads
 
 log = logging.getLogger("turnstile.workflows")
 
@@ -119,7 +119,7 @@ class Reconciler:
                         continue
                     self._asked[held.holder] = now
                     self.stats.described += 1
-                    state = await asyncio.to_thread(self._describe, held.holder)
+                    state = await threads.call(self._describe, held.holder)
                     states[held.holder] = state
                 if state in (RUNNING, UNKNOWN):
                     continue
