@@ -32,6 +32,8 @@ STOP_CHECK = 0.1
 # After a store error, a worker waits this long (doubling up to the max) before trying again.
 ERROR_BACKOFF = 0.2
 ERROR_BACKOFF_MAX = 5.0
+# The most messages a worker of Queue.work claims in one step (its prefetch).
+MAX_PREFETCH = 1000
 # A blocking get on a backend that waits on the store's side asks for this long per call
 # (the backend may cap it, e.g. at the HTTP service's longest long poll).
 REMOTE_POLL = 30.0
@@ -238,21 +240,36 @@ class AsyncQueue:
         stop: _compat.Event | None,
         ack: AsyncMessage | None = None,
     ) -> AsyncMessage | None:
-        """``ack``: a message to ack first (the worker loop's step between two messages),
-        with the first claim (``ack_claim``: on PostgreSQL one round trip and one commit
-        instead of two); a store that long-polls its gets acks it on its own first."""
-        if ack is not None and self._long_poll_gets:
-            await ack.ack()
-            ack = None
+        """One message (:meth:`_take` of one), after acking ``ack`` if given."""
+        got = await self._take(1, timeout, stop, [] if ack is None else [ack])
+        return got[0] if got else None
+
+    async def _take(
+        self,
+        count: int,
+        timeout: float | None,
+        stop: _compat.Event | None,
+        acks: list[AsyncMessage],
+    ) -> list[AsyncMessage]:
+        """Up to ``count`` messages, claimed in one store step, waiting up to ``timeout``
+        for the first as :meth:`get` does (none: the time passed, or ``stop`` was set).
+        ``acks``: messages to ack first (the worker loop's step between two messages or
+        batches), in the same step as the first claim (on PostgreSQL one round trip and one
+        commit instead of several); a store that long-polls its gets acks them on its own
+        first, and claims the rest of a batch without waiting once the first came."""
+        if acks and self._long_poll_gets:
+            for message in acks:
+                await message.ack()
+            acks = []
         deadline = None if timeout is None else time.monotonic() + timeout
         if timeout == 0 or (stop is not None and stop.is_set()):
-            if ack is not None:
-                result = await self._ack_claim(ack, None)
-            else:
-                result = await self._claim(None)
-            return None if result.delivery is None else AsyncMessage(self, result.delivery)
+            return (await self._step(count, acks, None))[0]
         if self._long_poll_gets:
-            return await self._get_remote(deadline, stop)
+            first = await self._get_remote(deadline, stop)
+            if first is None:
+                return []
+            more = (await self._step(count - 1, [], None))[0] if count > 1 else []
+            return [first, *more]
         # Arm the wake-up channel first, then claim registering it as a waiter should nothing
         # be deliverable (a claim that delivers unregisters it): no wake-up can slip by, and
         # one store round trip per look.
@@ -260,29 +277,57 @@ class AsyncQueue:
         registered = False
         try:
             while True:
-                if ack is not None:  # a new waiter, as ack_claim requires
-                    result = await self._ack_claim(ack, waiter.id)
-                    ack = None
-                else:
-                    result = await self._claim(waiter.id)
-                registered = result.delivery is None
-                if result.delivery is not None:
-                    return AsyncMessage(self, result.delivery)
+                # The acks go with the first look, when the waiter is new (as ack_claim
+                # requires).
+                got, retry_after = await self._step(count, acks, waiter.id)
+                acks = []
+                registered = not got
+                if got:
+                    return got
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    return None
+                    return []
                 delay = queue_machine.WAITER_HEARTBEAT
-                if result.retry_after is not None:
-                    delay = min(delay, result.retry_after + timing.EXPIRY_SLACK)
+                if retry_after is not None:
+                    delay = min(delay, retry_after + timing.EXPIRY_SLACK)
                 if deadline is not None:
                     delay = min(delay, deadline - now)
                 if not await self._sleep(waiter, delay, stop):
-                    return None
+                    return []
         finally:
             try:
                 await waiter.close(registered)
             except BackendUnavailable as exc:  # it lapses by itself after WAITER_TTL
                 log.debug("unregistering a waiter of %r failed: %s", self.name, exc)
+
+    async def _step(
+        self, count: int, acks: list[AsyncMessage], waiter: str | None
+    ) -> tuple[list[AsyncMessage], float | None]:
+        """One store step: ack ``acks``, then claim up to ``count`` messages (naming
+        ``waiter``): a claim, an ``ack_claim``, or for a batch ``ack_claim_many``. The
+        messages, and without one the store's ``retry_after``."""
+        if count == 1 and len(acks) <= 1:
+            if acks:
+                result = await self._ack_claim(acks[0], waiter)
+            else:
+                result = await self._claim(waiter)
+            if result.delivery is None:
+                return [], result.retry_after
+            return [AsyncMessage(self, result.delivery)], None
+        acked, batch = await self._backend.ack_claim_many(
+            self.name,
+            [(m.id, m.receipt) for m in acks],
+            receipts=[secrets.token_hex(12) for _ in range(count)],
+            visibility_timeout=self.visibility_timeout,
+            concurrency=self.concurrency,
+            max_attempts=self.max_attempts,
+            waiter=waiter,
+        )
+        for message, ok in zip(acks, acked, strict=True):
+            telemetry.queue_settled(self.name, message.id, "ack", ok)
+            message.settled = True
+            message.lost = message.lost or not ok
+        return [AsyncMessage(self, d) for d in batch.deliveries], batch.retry_after
 
     async def _get_remote(
         self, deadline: float | None, stop: _compat.Event | None
@@ -403,6 +448,7 @@ class AsyncQueue:
         backoff: float = 1.0,
         max_backoff: float = 60.0,
         handle_signals: bool = True,
+        prefetch: int = 1,
     ) -> WorkResult:
         """Run ``handler(message)`` on messages with ``workers`` concurrent workers.
 
@@ -413,7 +459,15 @@ class AsyncQueue:
         thread), or :meth:`stop`, stop gracefully: every worker finishes its current message
         and takes no new one (a second signal acts as usual). A worker also stops after
         ``idle_timeout`` seconds without a message, and the whole loop after ``max_messages``
-        messages. Returns the counts."""
+        messages. Returns the counts.
+
+        ``prefetch``: each worker claims up to this many messages in one store step and runs
+        them one after another; their acks go with its next claim step. On PostgreSQL that
+        step is one transaction, so a batch costs one commit instead of one per message.
+        The messages of a batch head distinct keys and count against ``concurrency`` from
+        their claim; each is extended while it waits or runs; a stop lets the worker finish
+        the batch it holds. A batch's acks (and so the next message of each of its keys) wait
+        until the whole batch has run: prefetch trades latency for throughput."""
         if not _compat.is_flavour_function(handler):
             other = "turnstile.connect" if _compat.FLAVOUR == "async" else "turnstile.aio.connect"
             kind = "coroutine function" if _compat.FLAVOUR == "async" else "plain function"
@@ -429,10 +483,13 @@ class AsyncQueue:
             validate.count(max_messages, "max_messages", 2**62)
         backoff = validate.seconds(backoff, "backoff", low=0.0, high=validate.MAX_DELAY)
         max_backoff = validate.seconds(max_backoff, "max_backoff", low=0.0, high=validate.MAX_DELAY)
+        prefetch = validate.count(prefetch, "prefetch", MAX_PREFETCH)
 
         stop = _compat.Event()
         self._stop = stop
-        loop = _WorkLoop(self, handler, stop, idle, max_messages, backoff, max_backoff)
+        loop = _WorkLoop(
+            self, handler, stop, idle, max_messages, backoff, max_backoff, prefetch
+        )
         restore = self._install_signals(loop) if handle_signals else None
         extender = _compat.spawn(loop.extend_loop, f"turnstile-extend:{self.name}")
         handles = [
@@ -521,6 +578,7 @@ class _WorkLoop:
         max_messages: int | None,
         backoff: float,
         max_backoff: float,
+        prefetch: int = 1,
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -530,78 +588,105 @@ class _WorkLoop:
         self.max_messages = max_messages
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.prefetch = prefetch
         self.result = WorkResult()
         self.taken = 0
         self.lock = threading.Lock()  # counters are shared by worker threads (sync flavour)
-        # message -> local monotonic time its next extension is due
+        # message -> local monotonic time its next extension is due: every message a worker
+        # holds (waiting its turn in a batch, running, or run and not yet acked)
         self.running: dict[AsyncMessage, float] = {}
+        # Messages whose ack a worker is sending: an extension that finds one stale was
+        # overtaken by the ack, not by the visibility timeout.
+        self.acking: set[AsyncMessage] = set()
 
     def halt(self, why: str) -> None:
         if self.result.stopped_by is None:
             self.result.stopped_by = why
         self.stop.set()
 
-    def _take_slot(self) -> bool:
-        """A slot for one more message, or False: the other workers hold the remaining
+    def _take_slots(self, wanted: int) -> int:
+        """Slots for up to ``wanted`` more messages; 0: the other workers hold the remaining
         ones (this worker leaves; it must not stop one that still waits for its message)."""
         with self.lock:
-            if self.max_messages is not None and self.taken >= self.max_messages:
-                return False
-            self.taken += 1
-            return True
+            got = wanted
+            if self.max_messages is not None:
+                got = max(0, min(wanted, self.max_messages - self.taken))
+            self.taken += got
+            return got
 
     def _after_message(self) -> None:
         with self.lock:
             if self.max_messages is not None and self.result.handled >= self.max_messages:
                 self.halt("max_messages")
 
-    def _give_back_slot(self) -> None:
+    def _give_back_slots(self, count: int) -> None:
         with self.lock:
-            self.taken -= 1
+            self.taken -= count
+
+    def _sending_acks(self, messages: list[AsyncMessage]) -> None:
+        """``messages`` are about to be acked: no more extensions for them."""
+        for message in messages:
+            self.running.pop(message, None)
+            self.acking.add(message)
 
     async def worker(self) -> None:
         error_delay = ERROR_BACKOFF
-        # A message whose handler returned, acked by the next get in the same store step
-        # (AsyncQueue._get), or on its own when the loop ends.
-        pending: AsyncMessage | None = None
+        vt = self.queue.visibility_timeout
+        # Messages whose handler returned, acked by the next claim step in the same store
+        # step (AsyncQueue._take), or on their own when the loop ends; extended meanwhile.
+        pending: list[AsyncMessage] = []
         while not self.stop.is_set():
-            if not self._take_slot():
+            slots = self._take_slots(self.prefetch)
+            if not slots:
                 break
+            self._sending_acks(pending)
             try:
-                message = await self.queue._get(self.idle_timeout, self.stop, ack=pending)
+                batch = await self.queue._take(slots, self.idle_timeout, self.stop, pending)
             except BackendUnavailable as exc:
-                # The ack went through (a backend without ack_claim acks first) or is unknown
-                # (a failed ack_claim): then the next get acks again (a second ack of one
-                # delivery is refused, and counted as lost).
-                if pending is not None and pending.settled:
-                    self._acked(pending)
-                    pending = None
-                self._give_back_slot()
+                # Each ack went through (a backend without a combined step acks first) or is
+                # unknown (a failed combined step): then the next step acks it again (a
+                # second ack of one delivery is refused, and counted as lost).
+                for message in pending:
+                    self.acking.discard(message)
+                    if message.settled:
+                        self._acked(message)
+                    else:
+                        self.running[message] = time.monotonic()  # extend it meanwhile
+                pending = [m for m in pending if not m.settled]
+                self._give_back_slots(slots)
                 log.warning("getting from %r failed, retrying: %s", self.queue.name, exc)
                 if await _compat.wait_event(self.stop, error_delay):
                     break
                 error_delay = min(error_delay * 2, ERROR_BACKOFF_MAX)
                 continue
-            if pending is not None:
-                self._acked(pending)
-                pending = None
+            for message in pending:
+                self._acked(message)
+            pending = []
             error_delay = ERROR_BACKOFF
-            if message is None:  # stopped, or idle_timeout passed: this worker is done
-                self._give_back_slot()
+            self._give_back_slots(slots - len(batch))
+            if not batch:  # stopped, or idle_timeout passed: this worker is done
                 with self.lock:
                     if not self.stop.is_set() and self.result.stopped_by is None:
                         self.result.stopped_by = "idle_timeout"
                 break
-            pending = await self.handle(message)
-            if pending is None:
-                self._after_message()
-        if pending is not None:
-            if not pending.settled:
-                await self._settle(pending, True, 0.0, None)
-            self._acked(pending)
+            due = time.monotonic() + vt * timing.RENEW_FRACTION
+            for message in batch:  # extended from their claim on, while they wait their turn
+                self.running[message] = due
+            for message in batch:  # a stop lets the batch finish: its messages are taken
+                done = await self.handle(message)
+                if done is None:
+                    self._after_message()
+                else:
+                    pending.append(done)
+        self._sending_acks(pending)
+        for message in pending:
+            if not message.settled:
+                await self._settle(message, True, 0.0, None)
+            self._acked(message)
 
     def _acked(self, message: AsyncMessage) -> None:
         """Count a message the loop acked (after its handler returned)."""
+        self.acking.discard(message)
         if message.lost:
             log.warning(
                 "message %s of %r: the store refused the ack (its visibility timeout passed); "
@@ -614,9 +699,11 @@ class _WorkLoop:
 
     async def handle(self, message: AsyncMessage) -> AsyncMessage | None:
         """Run the handler on ``message`` and settle it; a message the handler returned on
-        and did not settle is returned instead, for the worker to ack with its next get."""
+        and did not settle is returned instead, for the worker to ack with its next get (it
+        stays extended until then)."""
         vt = self.queue.visibility_timeout
-        self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
+        self.running.setdefault(message, time.monotonic() + vt * timing.RENEW_FRACTION)
+        kept = False
         try:
             try:
                 with telemetry.processing(self.queue.name, message.id, message.attempt):
@@ -638,10 +725,12 @@ class _WorkLoop:
                 self._count("failed" if done else "lost")
             else:
                 if not message.settled:
+                    kept = True
                     return message
                 self._count("lost" if message.lost else "acked")
         finally:
-            self.running.pop(message, None)
+            if not kept:
+                self.running.pop(message, None)
         return None
 
     def _count(self, what: str) -> None:
@@ -681,17 +770,20 @@ class _WorkLoop:
                 if due > now or message.settled or message.lost:
                     continue
                 try:
-                    extended = await message.extend(vt)
+                    deadline = await self.queue.extend(message.id, message.receipt, vt)
                 except BackendUnavailable as exc:
                     log.warning("extending message %s failed, will retry: %s", message.id, exc)
                     continue
                 except Exception:  # never let the extender die silently
                     log.exception("unexpected error extending message %s", message.id)
                     continue
-                if extended:
+                if deadline is not None:
+                    message.deadline = deadline
                     if message in self.running:
                         self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
-                elif not message.settled:
+                elif not (message.settled or message in self.acking):
+                    # Not overtaken by its settlement: the visibility timeout passed.
+                    message.lost = True
                     log.warning(
                         "message %s of %r: visibility timeout passed before it could be "
                         "extended; it will be delivered again",

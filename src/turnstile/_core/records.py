@@ -283,6 +283,17 @@ class ClaimResult:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchClaim:
+    """What one batch claim step answered (``ack_claim_many``): the messages it claimed, in
+    claim order (each heads its key; none if nothing was deliverable), the store's ``now``,
+    and without a message ``retry_after`` as in :class:`ClaimResult`."""
+
+    deliveries: list[Delivery]
+    now: float
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KeyDepth:
     key: str
     pending: int  # messages of this key not yet acked (ready, delayed or in flight)

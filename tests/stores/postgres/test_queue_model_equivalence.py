@@ -1,7 +1,9 @@
 """The PostgreSQL queue functions (migration 0002, 0011) held to ``_core/queue_machine.py``: the
 same random operations on the same virtual clock (``p_now``) must give identical answers and
 wake the same waiters (checked through the NOTIFYs the functions send). ``queue_ack_claim``
-(the worker loop's step) must answer and wake as an ack then a claim by a new waiter."""
+(the worker loop's step) must answer and wake as an ack then a claim by a new waiter, and
+``queue_ack_claim_many`` (its step between batches, migration 0015) as its acks then its
+claims until one finds nothing (only the first naming the new waiter)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 import turnstile
 from turnstile._core import queue_machine as qmod
-from turnstile._core.records import KIND_JSON, NewMessage
+from turnstile._core.records import KIND_JSON, BatchClaim, NewMessage
 from turnstile.stores.postgres.sql import wake_key
 
 
@@ -50,8 +52,8 @@ def test_sql_queue_functions_follow_the_model(pg_url: str, seed: int) -> None:
             clock[0] += rnd.choice([0.0, 0.0, 0.25, 0.75, 3.0])
             now = clock[0]
             op = rnd.choices(["put", "claim", "ack", "nack", "extend", "stats", "dead",
-                              "requeue", "purge", "ack_claim"],
-                             [30, 30, 12, 8, 4, 4, 3, 3, 1, 8])[0]
+                              "requeue", "purge", "ack_claim", "ack_claim_many"],
+                             [30, 30, 12, 8, 4, 4, 3, 3, 1, 8, 8])[0]
             if op == "put":
                 i = f"m{step}"
                 ids.append(i)
@@ -82,6 +84,34 @@ def test_sql_queue_functions_follow_the_model(pg_url: str, seed: int) -> None:
                 got = qb.ack_claim("q", i, r, **kw)
                 if claimed.delivery is not None:
                     deliveries.append((claimed.delivery.id, claimed.delivery.receipt))
+            elif op == "ack_claim_many":
+                acks = rnd.sample(deliveries[-6:], min(len(deliveries[-6:]), rnd.choice([0, 1, 3])))
+                fresh = f"n{step}"
+                keys_of[wake_key("q", fresh, queue=True)] = fresh
+                waiter = rnd.choice([None, fresh])
+                receipts = [f"r{step}-{j}" for j in range(rnd.choice([1, 2, 4]))]
+                kw = dict(visibility_timeout=rnd.choice([1.0, 4.0]),
+                          concurrency=rnd.choice([None, 1, 2, 3]),
+                          max_attempts=rnd.choice([2, 3]))
+                woken = []
+                acked_all = []
+                for i, r in acks:
+                    acked, woken_by = qmod.ack(state, id=i, receipt=r, now=now)
+                    acked_all.append(acked)
+                    woken += woken_by
+                claimed = []
+                for receipt in receipts:
+                    result, woken_by = qmod.claim(
+                        state, now=now, receipt=receipt, waiter=None if claimed else waiter,
+                        **kw)  # type: ignore[arg-type]
+                    woken += woken_by
+                    if result.delivery is None:
+                        break
+                    claimed.append(result.delivery)
+                    deliveries.append((result.delivery.id, receipt))
+                want = (acked_all, BatchClaim(claimed, now,
+                                              None if claimed else result.retry_after))
+                got = qb.ack_claim_many("q", acks, receipts=receipts, waiter=waiter, **kw)
             elif op in ("ack", "nack", "extend") and deliveries:
                 i, r = rnd.choice(deliveries[-6:])
                 if op == "ack":

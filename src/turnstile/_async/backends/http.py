@@ -40,6 +40,7 @@ from ..._core.payload import decode_payload, encode_payload
 from ..._core.records import (
     KIND_BYTES,
     AcquireResult,
+    BatchClaim,
     CallbackDelivery,
     Characteristics,
     ClaimResult,
@@ -69,7 +70,7 @@ from ...errors import (
     NotSupported,
 )
 from .. import _compat
-from .protocol import AsyncQueueWaiter
+from .protocol import AsyncQueueWaiter, ack_claim_stepwise
 
 log = logging.getLogger("turnstile.http")
 
@@ -353,6 +354,29 @@ class AsyncHTTPQueueBackend:
             waiter=waiter,
         )
         return acked, result
+
+    async def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        # A request per step, as ack_claim: the service has no batch step.
+        return await ack_claim_stepwise(
+            self,
+            name,
+            acks,
+            receipts=receipts,
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=waiter,
+        )
 
     async def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None

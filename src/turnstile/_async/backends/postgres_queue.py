@@ -10,6 +10,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..._core.records import (
+    BatchClaim,
     ClaimResult,
     DeadLetterRow,
     Delivery,
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
     from .postgres_connection import AsyncPostgresConnection
 
 OPERATIONS = (
-    "put", "claim", "ack_claim", "ack", "nack", "extend", "stats", "dead", "requeue", "purge",
-    "unregister", "names",
+    "put", "claim", "ack_claim", "ack_claim_many", "ack", "nack", "extend", "stats", "dead",
+    "requeue", "purge", "unregister", "names",
 )
 
 def _claim_result(row: Any, receipt: str) -> ClaimResult:
@@ -178,6 +179,37 @@ class AsyncPostgresQueueBackend(AsyncLocalQueueWaits):
             found=1,
         )
         return bool(row[0]), _claim_result(row[1:], receipt)
+
+    async def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        """The acks, then up to ``len(receipts)`` claims, in one transaction (one round trip,
+        one commit: ``queue_ack_claim_many``). ``waiter`` must not be registered yet."""
+        row = await self._claim_step(
+            "ack_claim_many",
+            {
+                "name": name, "ids": [i for i, _ in acks], "ack_receipts": [r for _, r in acks],
+                "receipts": receipts, "vt": visibility_timeout, "cap": concurrency,
+                "max": max_attempts,
+            },
+            waiter,
+            found=1,
+        )
+        acked, ids, keys, bodies, kinds, attempts, enqueued, deadline, now, retry = row
+        deliveries = [
+            Delivery(ids[i], keys[i], bytes(bodies[i]), kinds[i], attempts[i], enqueued[i],
+                     receipts[i], deadline)
+            for i in range(len(ids))
+        ]
+        return [bool(a) for a in acked], BatchClaim(deliveries, now, retry)
 
     async def ack(self, name: str, id: str, receipt: str) -> bool:
         row = await self._one("ack", {"name": name, "id": id, "receipt": receipt})

@@ -39,6 +39,7 @@ from typing import Protocol, cast, runtime_checkable
 
 from ..._core.records import (
     AcquireResult,
+    BatchClaim,
     CallbackDelivery,
     Characteristics,
     ClaimResult,
@@ -248,6 +249,28 @@ class AsyncLocalQueueWaits:
         )
         return acked, result
 
+    async def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        return await ack_claim_stepwise(
+            cast("AsyncQueueBackend", self),
+            name,
+            acks,
+            receipts=receipts,
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=waiter,
+        )
+
     async def long_poll(
         self,
         name: str,
@@ -261,6 +284,43 @@ class AsyncLocalQueueWaits:
             "this store wakes a local waiter (open_waiter) and has no long poll; a queue "
             "long-polls only where characteristics.long_poll_gets is true"
         )
+
+async def ack_claim_stepwise(
+    backend: AsyncQueueBackend,
+    name: str,
+    acks: list[tuple[str, str]],
+    *,
+    receipts: list[str],
+    visibility_timeout: float,
+    concurrency: int | None,
+    max_attempts: int,
+    waiter: str | None,
+) -> tuple[list[bool], BatchClaim]:
+    """``ack_claim_many`` as separate steps: each ack, then claims until one finds nothing
+    (only the first names ``waiter``, which it registers if it finds nothing). The same
+    answers as one transaction would give, each step atomic on its own; for the stores that
+    have no batch step (every one but PostgreSQL)."""
+    acked = [await backend.ack(name, id, receipt) for id, receipt in acks]
+    deliveries: list[Delivery] = []
+    result: ClaimResult | None = None
+    for receipt in receipts:
+        result = await backend.claim(
+            name,
+            receipt=receipt,
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=None if deliveries else waiter,
+        )
+        if result.delivery is None:
+            break
+        deliveries.append(result.delivery)
+    if result is None:
+        raise ValueError("ack_claim_many needs at least one receipt")
+    return acked, BatchClaim(
+        deliveries, result.now, None if deliveries else result.retry_after
+    )
+
 
 @runtime_checkable
 class AsyncQueueBackend(Protocol):
@@ -299,6 +359,25 @@ class AsyncQueueBackend(Protocol):
         between two messages. ``waiter`` is new (not registered yet). PostgreSQL does both in
         one transaction (one round trip, one commit); every other store runs the two steps
         (``AsyncLocalQueueWaits.ack_claim``)."""
+        ...
+
+    async def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        """``ack`` of each (id, receipt) of ``acks``, then up to ``len(receipts)`` claims
+        (one per receipt, at least one), stopping at the first that finds nothing: the
+        worker loop's step between two batches (``prefetch``). Each claimed message heads its
+        key and counts against ``concurrency``; ``waiter`` (new) is registered only if
+        nothing is claimed. PostgreSQL does it all in one transaction; every other store runs
+        the steps one after another (:func:`ack_claim_stepwise`)."""
         ...
 
     async def nack(

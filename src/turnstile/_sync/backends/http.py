@@ -41,6 +41,7 @@ from ..._core.payload import decode_payload, encode_payload
 from ..._core.records import (
     KIND_BYTES,
     AcquireResult,
+    BatchClaim,
     CallbackDelivery,
     Characteristics,
     ClaimResult,
@@ -70,7 +71,7 @@ from ...errors import (
     NotSupported,
 )
 from .. import _compat
-from .protocol import QueueWaiter
+from .protocol import QueueWaiter, ack_claim_stepwise
 
 log = logging.getLogger("turnstile.http")
 
@@ -354,6 +355,29 @@ class HTTPQueueBackend:
             waiter=waiter,
         )
         return acked, result
+
+    def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        # A request per step, as ack_claim: the service has no batch step.
+        return ack_claim_stepwise(
+            self,
+            name,
+            acks,
+            receipts=receipts,
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=waiter,
+        )
 
     def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None

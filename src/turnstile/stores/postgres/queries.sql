@@ -203,6 +203,16 @@ FROM __SCHEMA__.queue_ack_claim(%(name)s::text, %(id)s::text, %(ack_receipt)s::t
                                 %(max)s::integer, %(waiter)s::text, %(now)s::timestamptz,
                                 %(channel)s::text)
 
+-- name: queue_ack_claim_many
+-- The worker loop with prefetch (schema version 15): ack the batch it handled and claim up
+-- to the next, in one transaction.
+SELECT o_acked, o_ids, o_keys, o_bodies, o_kinds, o_attempts, o_enqueued_at, o_deadline,
+       o_now, o_retry_after
+FROM __SCHEMA__.queue_ack_claim_many(%(name)s::text, %(ids)s::text[], %(ack_receipts)s::text[],
+                                     %(receipts)s::text[], %(vt)s::float8, %(cap)s::integer,
+                                     %(max)s::integer, %(waiter)s::text, %(now)s::timestamptz,
+                                     %(channel)s::text)
+
 -- name: queue_ack
 SELECT __SCHEMA__.queue_ack(%(name)s::text, %(id)s::text, %(receipt)s::text,
                             %(now)s::timestamptz)
