@@ -40,7 +40,6 @@ from ..._core.payload import decode_payload, encode_payload
 from ..._core.records import (
     KIND_BYTES,
     AcquireResult,
-    BatchClaim,
     CallbackDelivery,
     Characteristics,
     ClaimResult,
@@ -70,7 +69,7 @@ from ...errors import (
     NotSupported,
 )
 from .. import _compat
-from .protocol import AsyncQueueWaiter, ack_claim_stepwise
+from .protocol import AsyncQueueWaiter, AsyncStepwiseBatches
 
 log = logging.getLogger("turnstile.http")
 
@@ -244,9 +243,11 @@ class AsyncHTTPWaiter:
         return None
 
 
-class AsyncHTTPQueueBackend:
+class AsyncHTTPQueueBackend(AsyncStepwiseBatches):
     """The queue protocol over API v1 (``/v1/queues/*``). Blocking gets are long polls that
-    the service answers from its own wake-ups (``long_poll``), so no waiter lives here."""
+    the service answers from its own wake-ups (``long_poll``), so no waiter lives here. The
+    service has no combined steps: ``ack_claim`` and ``ack_claim_many`` send a request per
+    step."""
 
     def __init__(self, backend: AsyncHTTPBackend) -> None:
         self._backend = backend
@@ -354,29 +355,6 @@ class AsyncHTTPQueueBackend:
             waiter=waiter,
         )
         return acked, result
-
-    async def ack_claim_many(
-        self,
-        name: str,
-        acks: list[tuple[str, str]],
-        *,
-        receipts: list[str],
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[list[bool], BatchClaim]:
-        # A request per step, as ack_claim: the service has no batch step.
-        return await ack_claim_stepwise(
-            self,
-            name,
-            acks,
-            receipts=receipts,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
 
     async def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None

@@ -219,11 +219,52 @@ class AsyncQueueWaiter(Protocol):
 
 
 
-class AsyncLocalQueueWaits:
+class AsyncStepwiseBatches:
+    """``ack_claim_many`` as separate steps, for the stores that have no batch step (every
+    one but PostgreSQL): each ack, then claims until one finds nothing (only the first names
+    ``waiter``, which it registers if it finds nothing). The answers one transaction would
+    give, each step atomic on its own."""
+
+    async def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        backend = cast("AsyncQueueBackend", self)  # every subclass is one
+        acked = [await backend.ack(name, id, receipt) for id, receipt in acks]
+        deliveries: list[Delivery] = []
+        result: ClaimResult | None = None
+        for receipt in receipts:
+            result = await backend.claim(
+                name,
+                receipt=receipt,
+                visibility_timeout=visibility_timeout,
+                concurrency=concurrency,
+                max_attempts=max_attempts,
+                waiter=None if deliveries else waiter,
+            )
+            if result.delivery is None:
+                break
+            deliveries.append(result.delivery)
+        if result is None:
+            raise ValueError("ack_claim_many needs at least one receipt")
+        return acked, BatchClaim(
+            deliveries, result.now, None if deliveries else result.retry_after
+        )
+
+
+class AsyncLocalQueueWaits(AsyncStepwiseBatches):
     """The documented answer of ``long_poll`` for every store whose blocking gets wake a local
     waiter (``characteristics.long_poll_gets`` False): memory, SQLite, Redis, PostgreSQL.
-    Their queue backends inherit it instead of each writing the same refusal, and the
-    two-step ``ack_claim`` (PostgreSQL has its own, one transaction)."""
+    Their queue backends inherit it instead of each writing the same refusal, the two-step
+    ``ack_claim`` and the stepwise ``ack_claim_many`` (PostgreSQL has its own, one
+    transaction, for both)."""
 
     async def ack_claim(
         self,
@@ -249,28 +290,6 @@ class AsyncLocalQueueWaits:
         )
         return acked, result
 
-    async def ack_claim_many(
-        self,
-        name: str,
-        acks: list[tuple[str, str]],
-        *,
-        receipts: list[str],
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[list[bool], BatchClaim]:
-        return await ack_claim_stepwise(
-            cast("AsyncQueueBackend", self),
-            name,
-            acks,
-            receipts=receipts,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-
     async def long_poll(
         self,
         name: str,
@@ -284,43 +303,6 @@ class AsyncLocalQueueWaits:
             "this store wakes a local waiter (open_waiter) and has no long poll; a queue "
             "long-polls only where characteristics.long_poll_gets is true"
         )
-
-async def ack_claim_stepwise(
-    backend: AsyncQueueBackend,
-    name: str,
-    acks: list[tuple[str, str]],
-    *,
-    receipts: list[str],
-    visibility_timeout: float,
-    concurrency: int | None,
-    max_attempts: int,
-    waiter: str | None,
-) -> tuple[list[bool], BatchClaim]:
-    """``ack_claim_many`` as separate steps: each ack, then claims until one finds nothing
-    (only the first names ``waiter``, which it registers if it finds nothing). The same
-    answers as one transaction would give, each step atomic on its own; for the stores that
-    have no batch step (every one but PostgreSQL)."""
-    acked = [await backend.ack(name, id, receipt) for id, receipt in acks]
-    deliveries: list[Delivery] = []
-    result: ClaimResult | None = None
-    for receipt in receipts:
-        result = await backend.claim(
-            name,
-            receipt=receipt,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=None if deliveries else waiter,
-        )
-        if result.delivery is None:
-            break
-        deliveries.append(result.delivery)
-    if result is None:
-        raise ValueError("ack_claim_many needs at least one receipt")
-    return acked, BatchClaim(
-        deliveries, result.now, None if deliveries else result.retry_after
-    )
-
 
 @runtime_checkable
 class AsyncQueueBackend(Protocol):
@@ -377,7 +359,7 @@ class AsyncQueueBackend(Protocol):
         worker loop's step between two batches (``prefetch``). Each claimed message heads its
         key and counts against ``concurrency``; ``waiter`` (new) is registered only if
         nothing is claimed. PostgreSQL does it all in one transaction; every other store runs
-        the steps one after another (:func:`ack_claim_stepwise`)."""
+        the steps one after another (:class:`AsyncStepwiseBatches`)."""
         ...
 
     async def nack(

@@ -41,7 +41,6 @@ from ..._core.payload import decode_payload, encode_payload
 from ..._core.records import (
     KIND_BYTES,
     AcquireResult,
-    BatchClaim,
     CallbackDelivery,
     Characteristics,
     ClaimResult,
@@ -71,7 +70,7 @@ from ...errors import (
     NotSupported,
 )
 from .. import _compat
-from .protocol import QueueWaiter, ack_claim_stepwise
+from .protocol import QueueWaiter, StepwiseBatches
 
 log = logging.getLogger("turnstile.http")
 
@@ -245,9 +244,11 @@ class HTTPWaiter:
         return None
 
 
-class HTTPQueueBackend:
+class HTTPQueueBackend(StepwiseBatches):
     """The queue protocol over API v1 (``/v1/queues/*``). Blocking gets are long polls that
-    the service answers from its own wake-ups (``long_poll``), so no waiter lives here."""
+    the service answers from its own wake-ups (``long_poll``), so no waiter lives here. The
+    service has no combined steps: ``ack_claim`` and ``ack_claim_many`` send a request per
+    step."""
 
     def __init__(self, backend: HTTPBackend) -> None:
         self._backend = backend
@@ -355,29 +356,6 @@ class HTTPQueueBackend:
             waiter=waiter,
         )
         return acked, result
-
-    def ack_claim_many(
-        self,
-        name: str,
-        acks: list[tuple[str, str]],
-        *,
-        receipts: list[str],
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[list[bool], BatchClaim]:
-        # A request per step, as ack_claim: the service has no batch step.
-        return ack_claim_stepwise(
-            self,
-            name,
-            acks,
-            receipts=receipts,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
 
     def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None

@@ -220,11 +220,52 @@ class QueueWaiter(Protocol):
 
 
 
-class LocalQueueWaits:
+class StepwiseBatches:
+    """``ack_claim_many`` as separate steps, for the stores that have no batch step (every
+    one but PostgreSQL): each ack, then claims until one finds nothing (only the first names
+    ``waiter``, which it registers if it finds nothing). The answers one transaction would
+    give, each step atomic on its own."""
+
+    def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        backend = cast("QueueBackend", self)  # every subclass is one
+        acked = [backend.ack(name, id, receipt) for id, receipt in acks]
+        deliveries: list[Delivery] = []
+        result: ClaimResult | None = None
+        for receipt in receipts:
+            result = backend.claim(
+                name,
+                receipt=receipt,
+                visibility_timeout=visibility_timeout,
+                concurrency=concurrency,
+                max_attempts=max_attempts,
+                waiter=None if deliveries else waiter,
+            )
+            if result.delivery is None:
+                break
+            deliveries.append(result.delivery)
+        if result is None:
+            raise ValueError("ack_claim_many needs at least one receipt")
+        return acked, BatchClaim(
+            deliveries, result.now, None if deliveries else result.retry_after
+        )
+
+
+class LocalQueueWaits(StepwiseBatches):
     """The documented answer of ``long_poll`` for every store whose blocking gets wake a local
     waiter (``characteristics.long_poll_gets`` False): memory, SQLite, Redis, PostgreSQL.
-    Their queue backends inherit it instead of each writing the same refusal, and the
-    two-step ``ack_claim`` (PostgreSQL has its own, one transaction)."""
+    Their queue backends inherit it instead of each writing the same refusal, the two-step
+    ``ack_claim`` and the stepwise ``ack_claim_many`` (PostgreSQL has its own, one
+    transaction, for both)."""
 
     def ack_claim(
         self,
@@ -250,28 +291,6 @@ class LocalQueueWaits:
         )
         return acked, result
 
-    def ack_claim_many(
-        self,
-        name: str,
-        acks: list[tuple[str, str]],
-        *,
-        receipts: list[str],
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[list[bool], BatchClaim]:
-        return ack_claim_stepwise(
-            cast("QueueBackend", self),
-            name,
-            acks,
-            receipts=receipts,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-
     def long_poll(
         self,
         name: str,
@@ -285,43 +304,6 @@ class LocalQueueWaits:
             "this store wakes a local waiter (open_waiter) and has no long poll; a queue "
             "long-polls only where characteristics.long_poll_gets is true"
         )
-
-def ack_claim_stepwise(
-    backend: QueueBackend,
-    name: str,
-    acks: list[tuple[str, str]],
-    *,
-    receipts: list[str],
-    visibility_timeout: float,
-    concurrency: int | None,
-    max_attempts: int,
-    waiter: str | None,
-) -> tuple[list[bool], BatchClaim]:
-    """``ack_claim_many`` as separate steps: each ack, then claims until one finds nothing
-    (only the first names ``waiter``, which it registers if it finds nothing). The same
-    answers as one transaction would give, each step atomic on its own; for the stores that
-    have no batch step (every one but PostgreSQL)."""
-    acked = [backend.ack(name, id, receipt) for id, receipt in acks]
-    deliveries: list[Delivery] = []
-    result: ClaimResult | None = None
-    for receipt in receipts:
-        result = backend.claim(
-            name,
-            receipt=receipt,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=None if deliveries else waiter,
-        )
-        if result.delivery is None:
-            break
-        deliveries.append(result.delivery)
-    if result is None:
-        raise ValueError("ack_claim_many needs at least one receipt")
-    return acked, BatchClaim(
-        deliveries, result.now, None if deliveries else result.retry_after
-    )
-
 
 @runtime_checkable
 class QueueBackend(Protocol):
@@ -378,7 +360,7 @@ class QueueBackend(Protocol):
         worker loop's step between two batches (``prefetch``). Each claimed message heads its
         key and counts against ``concurrency``; ``waiter`` (new) is registered only if
         nothing is claimed. PostgreSQL does it all in one transaction; every other store runs
-        the steps one after another (:func:`ack_claim_stepwise`)."""
+        the steps one after another (:class:`StepwiseBatches`)."""
         ...
 
     def nack(
