@@ -72,6 +72,9 @@ def forget_rq_queue(url: str, name: str) -> None:
 # The rows of Turnstile's own worker loop (q.work) on PostgreSQL, where it acks a message and
 # claims the next in one transaction.
 WORK = "turnstile (q.work)"
+PREFETCH = 10  # the batch rows: q.work(prefetch=10) beside a SKIP LOCKED table taking 10 at once
+WORK_BATCH = f"turnstile (q.work, prefetch {PREFETCH})"
+SKIP_BATCH = f"SKIP LOCKED table, {PREFETCH} per statement"
 
 
 def has(module: str) -> bool:
@@ -312,6 +315,18 @@ class QueueBench(Bench):
                     "postgres", "SKIP LOCKED table",
                     functools.partial(SkipLockedQueue, args.postgres, schema),
                     note="no keys, no cap, no visibility timeout; LISTEN/NOTIFY"))
+                throughput.append(tp(
+                    "postgres", WORK_BATCH,
+                    functools.partial(TurnstileWorkQueue, url, "tpwb", prefetch=PREFETCH),
+                    note=f"claims {PREFETCH} and acks them in one transaction per batch"))
+                throughput.append(keyed(
+                    "postgres", WORK_BATCH,
+                    functools.partial(TurnstileWorkQueue, url, "tpwbk", prefetch=PREFETCH),
+                    note="the same; per-key FIFO, one in flight per key"))
+                throughput.append(tp(
+                    "postgres", SKIP_BATCH,
+                    functools.partial(SkipLockedQueue, args.postgres, schema, batch=PREFETCH),
+                    note=f"deletes up to {PREFETCH} per statement; a crash loses them all"))
             if has("procrastinate"):
                 with procrastinate_database(args.postgres) as proc_url:
                     throughput.append(tp(

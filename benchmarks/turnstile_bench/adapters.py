@@ -523,14 +523,28 @@ class TurnstileQueue(_TurnstileQueueHandle):
 class TurnstileWorkQueue(_TurnstileQueueHandle, WorkerLoopQueue):
     """A Turnstile queue consumed by its own worker loop, ``q.work`` (one worker): the loop
     acks each message when its handler returns, on PostgreSQL in the same step as it claims
-    the next (``queue_ack_claim``)."""
+    the next (``queue_ack_claim``). ``prefetch`` > 1: it claims that many at a time and acks
+    them with its next claim (on PostgreSQL one transaction per batch,
+    ``queue_ack_claim_many``)."""
+
+    def __init__(self, url: str, name: str, prefetch: int = 1) -> None:
+        super().__init__(url, name)
+        self.prefetch = prefetch
 
     def serve(self, handler: Callable[[Any], bool]) -> None:
-        def handle(message: Any) -> None:
-            if handler(message.payload):
-                self.q.stop()  # take nothing more: this message is the consumer's last
+        stopping = False
 
-        self.q.work(handle, handle_signals=False)
+        def handle(message: Any) -> None:
+            nonlocal stopping
+            if stopping:
+                # The rest of the batch this consumer holds: stop messages meant for the
+                # other consumers (every real message came before them), put back for them.
+                self.q.put(message.payload)
+            elif handler(message.payload):
+                stopping = True
+                self.q.stop()  # take nothing more: the loop finishes the batch it holds
+
+        self.q.work(handle, handle_signals=False, prefetch=self.prefetch)
 
 
 class SkipLockedQueue(QueueAdapter):
@@ -538,15 +552,19 @@ class SkipLockedQueue(QueueAdapter):
     LOCKED LIMIT 1) RETURNING``, consumers woken by LISTEN/NOTIFY (NOTIFY per insert), in a
     schema of its own (a ``jobs`` table: :func:`servers.postgres_schema` makes it). No keys,
     no visibility timeout (a consumer's crash loses its message unless it keeps a transaction
-    open), no cap. A message is deleted when taken, so :meth:`done` has nothing to do."""
+    open), no cap. A message is deleted when taken, so :meth:`done` has nothing to do.
+    ``batch`` > 1: each statement takes up to that many (``LIMIT batch``), handed out one by
+    one before the next (a consumer's crash loses them all)."""
 
-    def __init__(self, url: str, schema: str) -> None:
+    def __init__(self, url: str, schema: str, batch: int = 1) -> None:
         import psycopg
 
         self.conn = psycopg.connect(url, autocommit=True)
         self.schema = schema
         self.channel = f"q_{schema}"
         self.listen: Any = None
+        self.batch = batch
+        self.taken: list[Any] = []
 
     def acquire(self, name: str) -> None:
         self.conn.execute("SELECT 1")
@@ -559,10 +577,27 @@ class SkipLockedQueue(QueueAdapter):
         )
 
     def _claim(self) -> Any:
-        return self.conn.execute(
-            f"DELETE FROM {self.schema}.jobs WHERE id = (SELECT id FROM {self.schema}.jobs"
-            " ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING payload"
-        ).fetchone()
+        if self.batch == 1:
+            return self.conn.execute(
+                f"DELETE FROM {self.schema}.jobs WHERE id = (SELECT id FROM {self.schema}.jobs"
+                " ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING payload"
+            ).fetchone()
+        if not self.taken:
+            rows = self.conn.execute(
+                f"DELETE FROM {self.schema}.jobs WHERE id IN (SELECT id FROM {self.schema}.jobs"
+                " ORDER BY id FOR UPDATE SKIP LOCKED LIMIT %s) RETURNING id, payload",
+                (self.batch,),
+            ).fetchall()
+            self.taken = [(payload,) for _, payload in sorted(rows, reverse=True)]
+        if not self.taken:
+            return None
+        row = self.taken.pop()
+        if isinstance(row[0], dict) and "stop" in row[0]:
+            # The consumer's last (the throughput scenario's stop message): the rest of the
+            # batch, stop messages meant for the other consumers, goes back for them.
+            while self.taken:
+                self.put(self.taken.pop()[0])
+        return row
 
     def take(self, timeout: float) -> tuple[Any, Any] | None:
         import psycopg

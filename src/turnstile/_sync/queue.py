@@ -63,6 +63,9 @@ class Message:
         self.deadline = delivery.deadline
         self.settled = False
         self.lost = False
+        # True while a settlement of it is under way: an extension that finds the receipt
+        # stale meanwhile was overtaken by that settlement (Queue.work's extender).
+        self._settling = False
         telemetry.queue_delivered(queue.name, self.id, self.attempt)
 
     def __repr__(self) -> str:
@@ -74,17 +77,25 @@ class Message:
     def ack(self) -> bool:
         """Done: delete the message; the next message of its key can go. False if the
         receipt is stale (the message timed out and is or will be delivered again)."""
-        ok = self.queue.ack(self.id, self.receipt)
-        self.settled = True
-        self.lost = self.lost or not ok
+        self._settling = True
+        try:
+            ok = self.queue.ack(self.id, self.receipt)
+            self.settled = True
+            self.lost = self.lost or not ok
+        finally:
+            self._settling = False
         return ok
 
     def nack(self, delay: float = 0.0, error: str | None = None) -> bool:
         """Failed: deliver again after ``delay`` seconds, still before later messages of its
         key; after ``max_attempts`` deliveries it becomes a dead letter (with ``error``)."""
-        ok = self.queue.nack(self.id, self.receipt, delay, error)
-        self.settled = True
-        self.lost = self.lost or not ok
+        self._settling = True
+        try:
+            ok = self.queue.nack(self.id, self.receipt, delay, error)
+            self.settled = True
+            self.lost = self.lost or not ok
+        finally:
+            self._settling = False
         return ok
 
     def extend(self, seconds: float) -> bool:
@@ -251,13 +262,17 @@ class Queue:
         ``acks``: messages to ack first (the worker loop's step between two messages or
         batches), in the same step as the first claim (on PostgreSQL one round trip and one
         commit instead of several); a store that long-polls its gets acks them on its own
-        first, and claims the rest of a batch without waiting once the first came."""
-        if acks and self._long_poll_gets:
+        first, and claims the rest of a batch without waiting once the first came. Once
+        ``stop`` is set it acks them on their own and claims nothing."""
+        stopped = stop is not None and stop.is_set()
+        if acks and (self._long_poll_gets or stopped):
             for message in acks:
                 message.ack()
             acks = []
+        if stopped:  # take nothing more
+            return []
         deadline = None if timeout is None else time.monotonic() + timeout
-        if timeout == 0 or (stop is not None and stop.is_set()):
+        if timeout == 0:
             return (self._step(count, acks, None))[0]
         if self._long_poll_gets:
             first = self._get_remote(deadline, stop)
@@ -322,6 +337,7 @@ class Queue:
             telemetry.queue_settled(self.name, message.id, "ack", ok)
             message.settled = True
             message.lost = message.lost or not ok
+            message._settling = False
         return [Message(self, d) for d in batch.deliveries], batch.retry_after
 
     def _get_remote(
@@ -554,9 +570,6 @@ class _WorkLoop:
         # message -> local monotonic time its next extension is due: every message a worker
         # holds (waiting its turn in a batch, running, or run and not yet acked)
         self.running: dict[Message, float] = {}
-        # Messages whose ack a worker is sending: an extension that finds one stale was
-        # overtaken by the ack, not by the visibility timeout.
-        self.acking: set[Message] = set()
 
     def halt(self, why: str) -> None:
         if self.result.stopped_by is None:
@@ -586,7 +599,7 @@ class _WorkLoop:
         """``messages`` are about to be acked: no more extensions for them."""
         for message in messages:
             self.running.pop(message, None)
-            self.acking.add(message)
+            message._settling = True
 
     def worker(self) -> None:
         error_delay = ERROR_BACKOFF
@@ -606,7 +619,7 @@ class _WorkLoop:
                 # unknown (a failed combined step): then the next step acks it again (a
                 # second ack of one delivery is refused, and counted as lost).
                 for message in pending:
-                    self.acking.discard(message)
+                    message._settling = False
                     if message.settled:
                         self._acked(message)
                     else:
@@ -637,15 +650,14 @@ class _WorkLoop:
                     self._after_message()
                 else:
                     pending.append(done)
-        self._sending_acks(pending)
-        for message in pending:
+        for message in pending:  # left by a stop or an error: acked on their own
+            self.running.pop(message, None)
             if not message.settled:
                 self._settle(message, True, 0.0, None)
             self._acked(message)
 
     def _acked(self, message: Message) -> None:
         """Count a message the loop acked (after its handler returned)."""
-        self.acking.discard(message)
         if message.lost:
             log.warning(
                 "message %s of %r: the store refused the ack (its visibility timeout passed); "
@@ -740,7 +752,7 @@ class _WorkLoop:
                     message.deadline = deadline
                     if message in self.running:
                         self.running[message] = time.monotonic() + vt * timing.RENEW_FRACTION
-                elif not (message.settled or message in self.acking):
+                elif not (message.settled or message._settling):
                     # Not overtaken by its settlement: the visibility timeout passed.
                     message.lost = True
                     log.warning(
