@@ -1665,13 +1665,14 @@ END
 $$;
 
 -- queue_machine.ack of each (p_ids[i], p_ack_receipts[i]), then up to
--- array_length(p_receipts) claims (the i-th with p_receipts[i]), stopping at the first that
--- finds nothing, at one time in one transaction: the worker loop's step between two batches
--- (Queue.work with prefetch). The messages a step claims head distinct keys (each claim sees
--- the ones before it in flight) and count against p_concurrency. p_waiter (new, as for
--- queue_ack_claim) is registered only if the step claims nothing. o_acked[i] answers the
--- i-th ack; o_ids .. o_enqueued_at the claimed messages in claim order (empty arrays:
--- nothing claimed, and o_retry_after says when to look again); o_deadline is theirs.
+-- cardinality(p_receipts) claims, at one time in one transaction: the worker loop's step
+-- between two batches (Queue.work with prefetch). The claims are the ones queue_claim would
+-- make one after another, taken in one statement: the oldest ready, due messages that head
+-- their keys (so of distinct keys), no more than p_concurrency leaves room for, the i-th
+-- oldest with p_receipts[i]. p_waiter (new, as for queue_ack_claim) is registered only if
+-- the step claims nothing. o_acked[i] answers the i-th ack; o_ids .. o_enqueued_at are the
+-- claimed messages, oldest first (empty: nothing claimed, and o_retry_after says when to
+-- look again); o_deadline is theirs.
 CREATE FUNCTION __SCHEMA__.queue_ack_claim_many(
     p_name text, p_ids text[], p_ack_receipts text[], p_receipts text[],
     p_visibility double precision, p_concurrency integer, p_max_attempts integer,
@@ -1690,14 +1691,9 @@ DECLARE
     v_deadline timestamptz := v_now + p_visibility * interval '1 second';
     v_expired boolean;
     v_wake integer := 0;
-    v_found boolean;
-    v_id text;
-    v_key text;
-    v_body bytea;
-    v_kind smallint;
-    v_attempt integer;
-    v_enqueued_at double precision;
-    v_ignored integer;
+    v_room integer := coalesce(cardinality(p_receipts), 0);
+    v_acked boolean;
+    c record;
 BEGIN
     SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
                          WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
@@ -1710,69 +1706,82 @@ BEGIN
     END IF;
     o_now := extract(epoch FROM v_now);
     o_acked := '{}';
-    FOR i IN 1..coalesce(array_length(p_ids, 1), 0) LOOP
-        DELETE FROM __SCHEMA__.queue_messages m
-        WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
-                       WHERE s.queue_id = v_qid AND s.id = p_ids[i])
-          AND m.state = 1 AND m.receipt = p_ack_receipts[i] AND m.deadline > v_now;
-        v_found := FOUND;
-        o_acked := o_acked || v_found;
-        IF v_found THEN
-            v_wake := v_wake + 1;
-        END IF;
-    END LOOP;
-    o_ids := '{}';
-    o_keys := '{}';
-    o_bodies := '{}';
-    o_kinds := '{}';
-    o_attempts := '{}';
-    o_enqueued_at := '{}';
-    FOR i IN 1..coalesce(array_length(p_receipts, 1), 0) LOOP
-        v_found := false;
-        IF p_concurrency IS NULL THEN  -- _queue_claim's common case inline, as in queue_claim
+    IF coalesce(cardinality(p_ids), 0) > 0 THEN
+        -- One statement per ack, each finding its message by id alone (the unique index)
+        -- and checking the rest on that row, as queue_ack does: one statement for them all
+        -- would join the ids to the messages, and the plan may then walk the deadline index
+        -- past every message in flight (see version 14).
+        FOR i IN 1..cardinality(p_ids) LOOP
+            DELETE FROM __SCHEMA__.queue_messages m
+            WHERE m.seq = (SELECT s.seq FROM __SCHEMA__.queue_messages s
+                           WHERE s.queue_id = v_qid AND s.id = p_ids[i])
+              AND m.state = 1 AND m.receipt = p_ack_receipts[i] AND m.deadline > v_now;
+            v_acked := FOUND;
+            o_acked := o_acked || v_acked;
+            IF v_acked THEN
+                v_wake := v_wake + 1;
+            END IF;
+        END LOOP;
+    END IF;
+    IF p_concurrency IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(__SCHEMA__._queue_lock_key(v_qid, 2));
+        v_room := least(v_room, p_concurrency - (SELECT count(*) FROM __SCHEMA__.queue_messages m
+                                                 WHERE m.queue_id = v_qid AND m.state = 1));
+    END IF;
+    IF v_room > 0 THEN
+        WITH picked AS (
+            SELECT r.seq FROM __SCHEMA__.queue_messages r
+            WHERE r.queue_id = v_qid AND r.state = 0 AND r.available_at <= v_now
+              AND (r.key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM __SCHEMA__.queue_messages o
+                  WHERE o.queue_id = v_qid AND o.key = r.key AND o.state < 2
+                    AND o.seq < r.seq))
+            ORDER BY r.seq
+            LIMIT v_room
+            FOR UPDATE OF r SKIP LOCKED),
+        ranked AS (
+            SELECT p.seq, row_number() OVER (ORDER BY p.seq) AS n FROM picked p),
+        claimed AS (
             UPDATE __SCHEMA__.queue_messages m
             SET state = 1, attempts = m.attempts + 1, max_attempts = p_max_attempts,
-                receipt = p_receipts[i], deadline = v_deadline
-            WHERE m.seq = (
-                SELECT r.seq FROM __SCHEMA__.queue_messages r
-                WHERE r.queue_id = v_qid AND r.state = 0 AND r.available_at <= v_now
-                  AND (r.key IS NULL OR NOT EXISTS (
-                      SELECT 1 FROM __SCHEMA__.queue_messages o
-                      WHERE o.queue_id = v_qid AND o.key = r.key AND o.state < 2
-                        AND o.seq < r.seq))
-                ORDER BY r.seq
-                LIMIT 1
-                FOR UPDATE OF r SKIP LOCKED)
-            RETURNING m.id, m.key, m.body, m.kind, m.attempts, extract(epoch FROM m.enqueued_at)
-            INTO v_id, v_key, v_body, v_kind, v_attempt, v_enqueued_at;
-            v_found := FOUND;
+                receipt = p_receipts[k.n], deadline = v_deadline
+            FROM ranked k
+            WHERE m.seq = k.seq
+            RETURNING k.n, m.id, m.key, m.body, m.kind, m.attempts,
+                      extract(epoch FROM m.enqueued_at) AS enqueued_at)
+        SELECT array_agg(d.id ORDER BY d.n), array_agg(d.key ORDER BY d.n),
+               array_agg(d.body ORDER BY d.n), array_agg(d.kind ORDER BY d.n),
+               array_agg(d.attempts ORDER BY d.n), array_agg(d.enqueued_at ORDER BY d.n)
+        INTO o_ids, o_keys, o_bodies, o_kinds, o_attempts, o_enqueued_at
+        FROM claimed d;
+    END IF;
+    IF o_ids IS NULL THEN
+        -- Nothing claimed: the general step, to register p_waiter (and say when to look
+        -- again) holding the waiter lock, which may still find one.
+        SELECT * INTO c
+        FROM __SCHEMA__._queue_claim(v_qid, p_receipts[1], p_visibility, p_concurrency,
+                                     p_max_attempts, p_waiter, v_now, p_channel, true);
+        IF c.o_found THEN
+            o_ids := ARRAY[c.o_id];
+            o_keys := ARRAY[c.o_key];
+            o_bodies := ARRAY[c.o_body];
+            o_kinds := ARRAY[c.o_kind];
+            o_attempts := ARRAY[c.o_attempt];
+            o_enqueued_at := ARRAY[c.o_enqueued_at];
+        ELSE
+            o_ids := '{}';
+            o_keys := '{}';
+            o_bodies := '{}';
+            o_kinds := '{}';
+            o_attempts := '{}';
+            o_enqueued_at := '{}';
+            o_retry_after := c.o_retry_after;
         END IF;
-        IF NOT v_found AND (p_concurrency IS NOT NULL OR i = 1) THEN
-            -- The general step: under a cap, or to register p_waiter when the step would
-            -- claim nothing at all (and say when to look again).
-            SELECT c.o_found, c.o_id, c.o_key, c.o_body, c.o_kind, c.o_attempt,
-                   c.o_enqueued_at, c.o_retry_after, c.o_wake
-            INTO v_found, v_id, v_key, v_body, v_kind, v_attempt, v_enqueued_at,
-                 o_retry_after, v_ignored
-            FROM __SCHEMA__._queue_claim(v_qid, p_receipts[i], p_visibility, p_concurrency,
-                                         p_max_attempts, CASE WHEN i = 1 THEN p_waiter END,
-                                         v_now, p_channel, true) c;
-        END IF;
-        EXIT WHEN NOT v_found;
-        o_ids := o_ids || v_id;
-        o_keys := o_keys || v_key;
-        o_bodies := o_bodies || v_body;
-        o_kinds := o_kinds || v_kind;
-        o_attempts := o_attempts || v_attempt;
-        o_enqueued_at := o_enqueued_at || v_enqueued_at;
-    END LOOP;
+    ELSIF p_waiter IS NOT NULL THEN
+        DELETE FROM __SCHEMA__.queue_waiters w WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
+    END IF;
     IF cardinality(o_ids) > 0 THEN
-        o_retry_after := NULL;
         o_deadline := extract(epoch FROM v_deadline);
-        IF p_waiter IS NOT NULL THEN
-            DELETE FROM __SCHEMA__.queue_waiters w
-            WHERE w.queue_id = v_qid AND w.waiter = p_waiter;
-        END IF;
         -- Without an ack, the time-outs purged are the first claim's, which takes one of
         -- them, as queue_claim counts (with one, the first ack's, as queue_ack_claim does).
         IF coalesce(cardinality(p_ids), 0) = 0 THEN
