@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..._core.records import (
+    BatchClaim,
     ClaimResult,
     DeadLetterRow,
     NewMessage,
@@ -111,6 +112,57 @@ class AsyncRedisQueueBackend(AsyncLocalQueueWaits):
 
     async def ack(self, name: str, id: str, receipt: str) -> bool:
         return int(await self._run("ack", name, [id, receipt])) == 1
+
+    async def ack_claim(
+        self,
+        name: str,
+        id: str,
+        ack_receipt: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[bool, ClaimResult]:
+        """ack, then claim, in one script (``ack_claim_many.lua``): the worker loop's step
+        between two messages, one round trip. ``waiter`` must not be registered yet."""
+        acked, batch = await self.ack_claim_many(
+            name,
+            [(id, ack_receipt)],
+            receipts=[receipt],
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=waiter,
+        )
+        delivery = batch.deliveries[0] if batch.deliveries else None
+        return acked[0], ClaimResult(delivery, batch.now, batch.retry_after)
+
+    async def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        """The acks, then up to ``len(receipts)`` claims, in one script (one round trip)."""
+        if not receipts:
+            raise ValueError("ack_claim_many needs at least one receipt")
+        reply = await self._run(
+            "ack_claim_many",
+            name,
+            [
+                name, keys.micros(visibility_timeout),
+                -1 if concurrency is None else concurrency, max_attempts, waiter or "",
+                len(acks), *(part for pair in acks for part in pair), *receipts,
+            ],
+        )
+        return replies.batch_result(reply, receipts)
 
     async def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None

@@ -8,6 +8,7 @@ from typing import Any
 from ..._core import callbacks, lock_machine, rate_machine
 from ..._core.records import (
     AcquireResult,
+    BatchClaim,
     CallbackDelivery,
     ClaimResult,
     DeadLetterRow,
@@ -228,6 +229,29 @@ def claim_result(reply: list[Any], receipt: str) -> ClaimResult:
         _seconds(deadline),
     )
     return ClaimResult(delivery, _seconds(now), None)
+
+
+def batch_result(reply: list[Any], receipts: list[str]) -> tuple[list[bool], BatchClaim]:
+    """``ack_claim_many.lua``'s answer: the acks' outcomes and the claimed messages (the
+    i-th claimed with ``receipts[i]``)."""
+    acked, claimed, now, retry = reply
+    deliveries = [
+        Delivery(
+            _text(mid),
+            _text(key) if int(has_key) else None,
+            _bytes(body),
+            int(kind),
+            int(attempt),
+            _seconds(enq),
+            receipts[i],
+            _seconds(deadline),
+        )
+        for i, (mid, has_key, key, body, kind, attempt, enq, deadline) in enumerate(claimed)
+    ]
+    retry = int(retry)
+    return [int(a) == 1 for a in acked], BatchClaim(
+        deliveries, _seconds(now), None if deliveries or retry < 0 else _seconds(retry)
+    )
 
 
 def stats_result(name: str, reply: list[Any]) -> QueueStats:

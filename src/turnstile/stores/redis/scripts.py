@@ -30,6 +30,7 @@ QUEUE_OPERATIONS = (
     "put",
     "claim",
     "ack",
+    "ack_claim_many",
     "nack",
     "extend",
     "stats",

@@ -169,6 +169,58 @@ local function holding(id, receipt)
   return r
 end
 
+-- queue_machine.ack without its purge and wake-ups: delete `id` if `receipt` is its current
+-- delivery's. True if it did.
+local function ack_one(id, receipt)
+  if not holding(id, receipt) then return false end
+  leave_pending(id)
+  redis.call('HDEL', REC, id)
+  redis.call('HDEL', BODY, id)
+  redis.call('HDEL', KEY, id)
+  redis.call('HDEL', ERR, id)
+  return true
+end
+
+-- queue_machine.claim's hand-out without its purge, waiter and wake-ups: the first due
+-- candidate (the oldest ready message that is keyless or heads its key) goes in flight with
+-- `receipt` until NOW + vt, unless `cap` (>= 0) are in flight. Its id and record, or nil.
+local function claim_one(receipt, vt, cap, max_attempts)
+  if cap >= 0 and redis.call('ZCARD', FLY) >= cap then return nil end
+  local chosen, r = nil, nil
+  local start = 0
+  while chosen == nil do
+    local batch = redis.call('ZRANGE', CAND, start, start + SCAN - 1)
+    if #batch == 0 then return nil end
+    for _, id in ipairs(batch) do
+      local c = get_rec(id)
+      if c.avail <= NOW then
+        chosen, r = id, c
+        break
+      end
+    end
+    start = start + SCAN
+  end
+  r.state, r.attempts, r.max, r.deadline = 1, r.attempts + 1, max_attempts, NOW + vt
+  put_rec(chosen, r)
+  redis.call('ZREM', CAND, chosen)
+  redis.call('ZREM', DUE, chosen)
+  redis.call('ZADD', FLY, fmt(r.deadline), chosen)
+  redis.call('HSET', RCPT, chosen, receipt)
+  return chosen, r
+end
+
+-- queue_machine.retry_after in microseconds: until the next delayed message comes due or the
+-- next in-flight message times out; -1 if neither.
+local function retry_after_us()
+  local times = {}
+  local due = redis.call('ZRANGEBYSCORE', DUE, '(' .. fmt(NOW), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #due > 0 then times[#times + 1] = tonumber(due[2]) end
+  local fly = redis.call('ZRANGE', FLY, 0, 0, 'WITHSCORES')
+  if #fly > 0 then times[#times + 1] = tonumber(fly[2]) end
+  if #times == 0 then return -1 end
+  return math.max(0, math.min(unpack(times)) - NOW)
+end
+
 -- Dead letters named in ARGV[from..] (or all when none are named), in seq order.
 local function dead_ids(from)
   if #ARGV < from then return redis.call('ZRANGE', DEAD, 0, -1) end
