@@ -72,7 +72,11 @@ def forget_rq_queue(url: str, name: str) -> None:
 # The rows of Turnstile's own worker loop (q.work) on PostgreSQL, where it acks a message and
 # claims the next in one transaction.
 WORK = "turnstile (q.work)"
-PREFETCH = 10  # the batch rows: q.work(prefetch=10) beside a SKIP LOCKED table taking 10 at once
+# The batch rows: q.work(prefetch=10) beside a SKIP LOCKED table taking 10 at once. Keyless
+# only: the drain ends with one keyless stop message per consumer, which a keyed drain's
+# batches can claim (beside the heads of their keys) while later messages of those keys
+# still wait, so the consumers would stop before the queue is drained.
+PREFETCH = 10
 WORK_BATCH = f"turnstile (q.work, prefetch {PREFETCH})"
 SKIP_BATCH = f"SKIP LOCKED table, {PREFETCH} per statement"
 
@@ -104,7 +108,7 @@ class QueueSizes:
             workers=args.workers or (3 if q else 8),
             work=args.work if args.work is not None else (0.01 if q else 0.02),
             spacing=args.spacing if args.spacing is not None else (0.002 if q else 0.005),
-            messages=args.messages or (100 if q else 2000),
+            messages=args.messages or (100 if q else 10000),
             paced=args.paced or (50 if q else 500),
             rate=args.rate or (100.0 if q else 200.0),
             consumers=args.consumers or (2 if q else 4),
@@ -180,6 +184,27 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
             "`SKIP LOCKED` table keeps none of those guarantees (no keys, no cap, and a "
             "consumer's crash loses its message unless it holds a transaction open) and "
             "commits once per message.")
+    pb, sb = rate.get(("postgres", WORK_BATCH)), rate.get(("postgres", SKIP_BATCH))
+    if pb and skip:
+        line = (f"- **Batches on PostgreSQL** (`q.work(prefetch={PREFETCH})`: one transaction "
+                f"acks a batch and claims the next): {pb:,.0f} messages/s, {pb / skip:.2f}x the "
+                "`SKIP LOCKED` table taking one message per statement")
+        if sb:
+            line += (f". Against the same table taking {PREFETCH} per statement ({sb:,.0f}/s), "
+                     f"{pb / sb:.2f}x: that table deletes its batch in one statement and keeps "
+                     "nothing (a consumer's crash loses the whole batch), where the Turnstile "
+                     "step acks each message by id, claims the batch in one statement and keeps "
+                     "every message until its ack (visibility timeout, keys, cap)")
+        out.append(line + ". A batch's acks wait until it has run: prefetch trades latency "
+                   "per key for throughput (docs/queue.md, \"Prefetch\").")
+    rw, rb = rate.get(("redis", WORK)), rate.get(("redis", WORK_BATCH))
+    if rw and rd:
+        line = (f"- **Worker loop on Redis**: `q.work` {rw:,.0f} messages/s ({rw / rd:.2f}x "
+                "`get` + `ack`: one script acks a message and claims the next)")
+        if rb:
+            line += (f"; with `prefetch={PREFETCH}` {rb:,.0f} ({rb / rd:.2f}x: one script per "
+                     "batch)")
+        out.append(line + ".")
     rq = rate.get(("redis", "RQ (SimpleWorker)"))
     if rq and rd:
         out.append(
@@ -279,6 +304,13 @@ class QueueBench(Bench):
                 throughput.append(keyed(
                     "redis", "turnstile", functools.partial(TurnstileQueue, url, "tpk"),
                     note="per-key FIFO, one in flight per key"))
+                throughput.append(tp(
+                    "redis", WORK, functools.partial(TurnstileWorkQueue, url, "tpw"),
+                    note="its worker loop: ack + next claim in one script"))
+                throughput.append(tp(
+                    "redis", WORK_BATCH,
+                    functools.partial(TurnstileWorkQueue, url, "tpwb", prefetch=PREFETCH),
+                    note=f"claims {PREFETCH} and acks them in one script per batch"))
             name = f"bench-{secrets.token_hex(4)}"
             try:
                 throughput.append(tp(
@@ -319,10 +351,6 @@ class QueueBench(Bench):
                     "postgres", WORK_BATCH,
                     functools.partial(TurnstileWorkQueue, url, "tpwb", prefetch=PREFETCH),
                     note=f"claims {PREFETCH} and acks them in one transaction per batch"))
-                throughput.append(keyed(
-                    "postgres", WORK_BATCH,
-                    functools.partial(TurnstileWorkQueue, url, "tpwbk", prefetch=PREFETCH),
-                    note="the same; per-key FIFO, one in flight per key"))
                 throughput.append(tp(
                     "postgres", SKIP_BATCH,
                     functools.partial(SkipLockedQueue, args.postgres, schema, batch=PREFETCH),

@@ -467,7 +467,8 @@ def _throughput_job(adapter: Any, args: tuple[Any, ...], go: float) -> Any:
     if isinstance(adapter, WorkerLoopQueue):
         # The consumer is the loop's handler. A loop settles a message before it delivers
         # the next, so a message counts as settled when the handler is called again (for
-        # the last one, with the stop message).
+        # the last one, when the loop returns: a loop that prefetches acks a batch only with
+        # its next claim, or at its end).
         in_hand: tuple[float, float] | None = None  # (sent, start) of the message in hand
 
         def handler(payload: Any) -> bool:
@@ -481,6 +482,9 @@ def _throughput_job(adapter: Any, args: tuple[Any, ...], go: float) -> Any:
             return False
 
         adapter.serve(handler)
+        if seen:
+            sent, start, _ = seen[-1]
+            seen[-1] = (sent, start, clock())
         return seen
     while True:
         got = adapter.take(timeout=30)
