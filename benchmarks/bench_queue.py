@@ -197,14 +197,16 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
                      "every message until its ack (visibility timeout, keys, cap)")
         out.append(line + ". A batch's acks wait until it has run: prefetch trades latency "
                    "per key for throughput (docs/queue.md, \"Prefetch\").")
-    rw, rb = rate.get(("redis", WORK)), rate.get(("redis", WORK_BATCH))
-    if rw and rd:
-        line = (f"- **Worker loop on Redis**: `q.work` {rw:,.0f} messages/s ({rw / rd:.2f}x "
-                "`get` + `ack`: one script acks a message and claims the next)")
-        if rb:
-            line += (f"; with `prefetch={PREFETCH}` {rb:,.0f} ({rb / rd:.2f}x: one script per "
-                     "batch)")
-        out.append(line + ".")
+    for store, plain, step in (("redis", rd, "script"), ("sqlite", sq, "transaction")):
+        sw, sb2 = rate.get((store, WORK)), rate.get((store, WORK_BATCH))
+        if sw and plain:
+            line = (f"- **Worker loop on {'Redis' if store == 'redis' else 'SQLite'}**: "
+                    f"`q.work` {sw:,.0f} messages/s ({sw / plain:.2f}x `get` + `ack`: one {step} "
+                    "acks a message and claims the next)")
+            if sb2:
+                line += (f"; with `prefetch={PREFETCH}` {sb2:,.0f} ({sb2 / plain:.2f}x: one "
+                         f"{step} per batch)")
+            out.append(line + ".")
     rq = rate.get(("redis", "RQ (SimpleWorker)"))
     if rq and rd:
         out.append(
@@ -294,6 +296,13 @@ class QueueBench(Bench):
             throughput.append(
                 tp("sqlite", "turnstile", functools.partial(TurnstileQueue, url, "tp"))
             )
+            throughput.append(tp(
+                "sqlite", WORK, functools.partial(TurnstileWorkQueue, url, "tpw"),
+                note="its worker loop: ack + next claim in one transaction"))
+            throughput.append(tp(
+                "sqlite", WORK_BATCH,
+                functools.partial(TurnstileWorkQueue, url, "tpwb", prefetch=PREFETCH),
+                note=f"claims {PREFETCH} and acks them in one transaction per batch"))
         keyed = functools.partial(tp, keys=s.keys)
         if args.redis:
             with redis_prefix(args.redis) as url:

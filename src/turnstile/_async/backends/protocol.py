@@ -259,6 +259,35 @@ class AsyncStepwiseBatches:
         )
 
 
+class AsyncAckClaimByBatch:
+    """``ack_claim`` as the batch step of one ack and one claim, for the stores whose
+    ``ack_claim_many`` is one atomic step (Redis: one script; SQLite: one transaction)."""
+
+    async def ack_claim(
+        self,
+        name: str,
+        id: str,
+        ack_receipt: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[bool, ClaimResult]:
+        acked, batch = await cast("AsyncQueueBackend", self).ack_claim_many(
+            name,
+            [(id, ack_receipt)],
+            receipts=[receipt],
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=waiter,
+        )
+        delivery = batch.deliveries[0] if batch.deliveries else None
+        return acked[0], ClaimResult(delivery, batch.now, batch.retry_after)
+
+
 class AsyncLocalQueueWaits(AsyncStepwiseBatches):
     """The documented answer of ``long_poll`` for every store whose blocking gets wake a local
     waiter (``characteristics.long_poll_gets`` False): memory, SQLite, Redis, PostgreSQL.
@@ -339,8 +368,9 @@ class AsyncQueueBackend(Protocol):
     ) -> tuple[bool, ClaimResult]:
         """``ack`` of (``id``, ``ack_receipt``), then ``claim``: the worker loop's step
         between two messages. ``waiter`` is new (not registered yet). PostgreSQL does both in
-        one transaction (one round trip, one commit); every other store runs the two steps
-        (``AsyncLocalQueueWaits.ack_claim``)."""
+        one transaction (one round trip, one commit), Redis in one script and SQLite in one
+        transaction (:class:`AsyncAckClaimByBatch`); the memory store and the HTTP backend
+        run the two steps (``AsyncLocalQueueWaits.ack_claim``)."""
         ...
 
     async def ack_claim_many(
@@ -358,8 +388,9 @@ class AsyncQueueBackend(Protocol):
         (one per receipt, at least one), stopping at the first that finds nothing: the
         worker loop's step between two batches (``prefetch``). Each claimed message heads its
         key and counts against ``concurrency``; ``waiter`` (new) is registered only if
-        nothing is claimed. PostgreSQL does it all in one transaction; every other store runs
-        the steps one after another (:class:`AsyncStepwiseBatches`)."""
+        nothing is claimed. PostgreSQL and SQLite do it all in one transaction, Redis in one
+        script; the memory store and the HTTP backend run the steps one after another
+        (:class:`AsyncStepwiseBatches`)."""
         ...
 
     async def nack(

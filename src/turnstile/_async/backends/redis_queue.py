@@ -23,7 +23,7 @@ from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
-from .protocol import AsyncLocalQueueWaits
+from .protocol import AsyncAckClaimByBatch, AsyncLocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (AsyncRedisConnection.queues), so it is imported
@@ -63,7 +63,7 @@ class AsyncRedisQueueWaiter:
             await self._queues._run("unregister", self._name, [self.id])
 
 
-class AsyncRedisQueueBackend(AsyncLocalQueueWaits):
+class AsyncRedisQueueBackend(AsyncAckClaimByBatch, AsyncLocalQueueWaits):
     def __init__(self, connection: AsyncRedisConnection) -> None:
         self.connection = connection
         self._scripts = scripts.load("queue")
@@ -113,32 +113,6 @@ class AsyncRedisQueueBackend(AsyncLocalQueueWaits):
     async def ack(self, name: str, id: str, receipt: str) -> bool:
         return int(await self._run("ack", name, [id, receipt])) == 1
 
-    async def ack_claim(
-        self,
-        name: str,
-        id: str,
-        ack_receipt: str,
-        *,
-        receipt: str,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[bool, ClaimResult]:
-        """ack, then claim, in one script (``ack_claim_many.lua``): the worker loop's step
-        between two messages, one round trip. ``waiter`` must not be registered yet."""
-        acked, batch = await self.ack_claim_many(
-            name,
-            [(id, ack_receipt)],
-            receipts=[receipt],
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-        delivery = batch.deliveries[0] if batch.deliveries else None
-        return acked[0], ClaimResult(delivery, batch.now, batch.retry_after)
-
     async def ack_claim_many(
         self,
         name: str,
@@ -150,7 +124,8 @@ class AsyncRedisQueueBackend(AsyncLocalQueueWaits):
         max_attempts: int,
         waiter: str | None,
     ) -> tuple[list[bool], BatchClaim]:
-        """The acks, then up to ``len(receipts)`` claims, in one script (one round trip)."""
+        """The acks, then up to ``len(receipts)`` claims, in one script (one round trip); the
+        worker loop's ``ack_claim`` is the batch of one (:class:`AsyncAckClaimByBatch`)."""
         if not receipts:
             raise ValueError("ack_claim_many needs at least one receipt")
         reply = await self._run(

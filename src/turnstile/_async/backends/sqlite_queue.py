@@ -8,6 +8,7 @@ import socket
 import time
 
 from ..._core.records import (
+    BatchClaim,
     ClaimResult,
     DeadLetterRow,
     NewMessage,
@@ -17,7 +18,7 @@ from ..._core.records import (
 from ...stores.sqlite.lock_store import SQLiteStore
 from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
-from .protocol import AsyncLocalQueueWaits
+from .protocol import AsyncAckClaimByBatch, AsyncLocalQueueWaits
 
 POLL_MIN = 0.001
 POLL_MAX = 0.05
@@ -54,7 +55,7 @@ class AsyncSQLiteQueueWaiter:
             await _compat.run_blocking(self._store.unregister, self._name, self.id)
 
 
-class AsyncSQLiteQueueBackend(AsyncLocalQueueWaits):
+class AsyncSQLiteQueueBackend(AsyncAckClaimByBatch, AsyncLocalQueueWaits):
     def __init__(self, store: SQLiteStore) -> None:
         self.store = SQLiteQueueStore(store)
 
@@ -77,6 +78,24 @@ class AsyncSQLiteQueueBackend(AsyncLocalQueueWaits):
 
     async def ack(self, name: str, id: str, receipt: str) -> bool:
         return await _compat.run_blocking(self.store.ack, name, id, receipt)
+
+    async def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        """The acks, then up to ``len(receipts)`` claims, in one transaction; the worker
+        loop's ``ack_claim`` is the batch of one (:class:`AsyncAckClaimByBatch`)."""
+        return await _compat.run_blocking(
+            self.store.ack_claim_many, name, acks, receipts, visibility_timeout, concurrency,
+            max_attempts, waiter,
+        )
 
     async def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None

@@ -24,7 +24,7 @@ from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
-from .protocol import LocalQueueWaits
+from .protocol import AckClaimByBatch, LocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (RedisConnection.queues), so it is imported
@@ -64,7 +64,7 @@ class RedisQueueWaiter:
             self._queues._run("unregister", self._name, [self.id])
 
 
-class RedisQueueBackend(LocalQueueWaits):
+class RedisQueueBackend(AckClaimByBatch, LocalQueueWaits):
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
         self._scripts = scripts.load("queue")
@@ -114,32 +114,6 @@ class RedisQueueBackend(LocalQueueWaits):
     def ack(self, name: str, id: str, receipt: str) -> bool:
         return int(self._run("ack", name, [id, receipt])) == 1
 
-    def ack_claim(
-        self,
-        name: str,
-        id: str,
-        ack_receipt: str,
-        *,
-        receipt: str,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[bool, ClaimResult]:
-        """ack, then claim, in one script (``ack_claim_many.lua``): the worker loop's step
-        between two messages, one round trip. ``waiter`` must not be registered yet."""
-        acked, batch = self.ack_claim_many(
-            name,
-            [(id, ack_receipt)],
-            receipts=[receipt],
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-        delivery = batch.deliveries[0] if batch.deliveries else None
-        return acked[0], ClaimResult(delivery, batch.now, batch.retry_after)
-
     def ack_claim_many(
         self,
         name: str,
@@ -151,7 +125,8 @@ class RedisQueueBackend(LocalQueueWaits):
         max_attempts: int,
         waiter: str | None,
     ) -> tuple[list[bool], BatchClaim]:
-        """The acks, then up to ``len(receipts)`` claims, in one script (one round trip)."""
+        """The acks, then up to ``len(receipts)`` claims, in one script (one round trip); the
+        worker loop's ``ack_claim`` is the batch of one (:class:`AckClaimByBatch`)."""
         if not receipts:
             raise ValueError("ack_claim_many needs at least one receipt")
         reply = self._run(

@@ -9,6 +9,7 @@ import socket
 import time
 
 from ..._core.records import (
+    BatchClaim,
     ClaimResult,
     DeadLetterRow,
     NewMessage,
@@ -18,7 +19,7 @@ from ..._core.records import (
 from ...stores.sqlite.lock_store import SQLiteStore
 from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
-from .protocol import LocalQueueWaits
+from .protocol import AckClaimByBatch, LocalQueueWaits
 
 POLL_MIN = 0.001
 POLL_MAX = 0.05
@@ -55,7 +56,7 @@ class SQLiteQueueWaiter:
             _compat.run_blocking(self._store.unregister, self._name, self.id)
 
 
-class SQLiteQueueBackend(LocalQueueWaits):
+class SQLiteQueueBackend(AckClaimByBatch, LocalQueueWaits):
     def __init__(self, store: SQLiteStore) -> None:
         self.store = SQLiteQueueStore(store)
 
@@ -78,6 +79,24 @@ class SQLiteQueueBackend(LocalQueueWaits):
 
     def ack(self, name: str, id: str, receipt: str) -> bool:
         return _compat.run_blocking(self.store.ack, name, id, receipt)
+
+    def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        """The acks, then up to ``len(receipts)`` claims, in one transaction; the worker
+        loop's ``ack_claim`` is the batch of one (:class:`AckClaimByBatch`)."""
+        return _compat.run_blocking(
+            self.store.ack_claim_many, name, acks, receipts, visibility_timeout, concurrency,
+            max_attempts, waiter,
+        )
 
     def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None
