@@ -216,9 +216,12 @@ def reading(webhooks: list[WebhookRow], throughput: list[ThroughputRow],
             "script per put, claim and ack).")
     dq = rate.get(("redis", "Dramatiq (RedisBroker)"))
     if dq and rd:
+        rw = rate.get(("redis", WORK))
+        loop = f", {rw / dq:.2f}x with its worker loop `q.work`" if rw else ""
         out.append(
             f"- **Dramatiq** (its `RedisBroker` consumer, prefetch 1): {dq:,.0f} messages/s, "
-            f"the Turnstile queue {rd / dq:.1f}x that on the same Redis; put->start p50 "
+            f"the Turnstile queue {rd / dq:.2f}x that on the same Redis with `get` + `ack`"
+            f"{loop}; put->start p50 "
             f"{lat[('redis', 'Dramatiq (RedisBroker)')].latency_p50_ms:.1f} ms against "
             f"{lat[('redis', 'turnstile')].latency_p50_ms:.2f} ms: an idle Dramatiq consumer "
             "polls with an exponential back-off, a Turnstile consumer is woken by the put.")
