@@ -72,3 +72,16 @@ def _shown(deliveries: list[object]) -> list[tuple[object, ...] | None]:
         None if d is None else (d.id, d.key, d.body, d.attempt, d.receipt)  # type: ignore[attr-defined]
         for d in deliveries
     ]
+
+
+def test_a_batch_step_without_a_receipt_is_refused_and_changes_nothing(
+    qclient: turnstile.Client,
+) -> None:
+    store = qclient._queues()
+    store.put("no-receipt", NewMessage("m1", None, b"1", KIND_JSON, 0.0, None, 3),
+              dedup_window=60.0)
+    with pytest.raises(ValueError, match="at least one receipt"):
+        store.ack_claim_many("no-receipt", [], receipts=[], visibility_timeout=60.0,
+                             concurrency=None, max_attempts=3, waiter=None)
+    stats = store.stats("no-receipt", top_keys=1)
+    assert (stats.ready, stats.in_flight) == (1, 0)

@@ -75,3 +75,21 @@ def test_a_batch_step_reads_a_few_pages_per_message_however_many_are_in_flight(
         assert (stats.ready, stats.in_flight) == (0, HELD - 6 + 4)
     finally:
         client.close()
+
+
+def test_the_function_refuses_a_step_without_a_receipt(pg_url: str) -> None:
+    client = turnstile.connect(pg_url)
+    config = client.backend.config  # type: ignore[attr-defined]
+    try:
+        client.queue("empty").put(1)
+        with (
+            psycopg.connect(config.conninfo, autocommit=True) as conn,
+            pytest.raises(psycopg.errors.InvalidParameterValue, match="receipt"),
+        ):
+            conn.execute(
+                f"SELECT * FROM {pg.quote_ident(config.schema)}.queue_ack_claim_many("
+                "'empty', '{}', '{}', '{}', 60, NULL, 5, NULL, NULL, NULL)"
+            )
+        assert client.queue("empty").stats().ready == 1
+    finally:
+        client.close()

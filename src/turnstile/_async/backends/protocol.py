@@ -220,10 +220,10 @@ class AsyncQueueWaiter(Protocol):
 
 
 class AsyncStepwiseBatches:
-    """``ack_claim_many`` as separate steps, for the stores that have no batch step (every
-    one but PostgreSQL): each ack, then claims until one finds nothing (only the first names
-    ``waiter``, which it registers if it finds nothing). The answers one transaction would
-    give, each step atomic on its own."""
+    """``ack_claim_many`` as separate steps, for the stores that have no batch step (the
+    memory store and the HTTP backend): each ack, then claims until one finds nothing (only
+    the first names ``waiter``, which it registers if it finds nothing). The answers one
+    transaction would give, each step atomic on its own."""
 
     async def ack_claim_many(
         self,
@@ -292,8 +292,8 @@ class AsyncLocalQueueWaits(AsyncStepwiseBatches):
     """The documented answer of ``long_poll`` for every store whose blocking gets wake a local
     waiter (``characteristics.long_poll_gets`` False): memory, SQLite, Redis, PostgreSQL.
     Their queue backends inherit it instead of each writing the same refusal, the two-step
-    ``ack_claim`` and the stepwise ``ack_claim_many`` (PostgreSQL has its own, one
-    transaction, for both)."""
+    ``ack_claim`` and the stepwise ``ack_claim_many`` (PostgreSQL, SQLite and Redis have
+    their own, each one atomic step)."""
 
     async def ack_claim(
         self,

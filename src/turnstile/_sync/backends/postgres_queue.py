@@ -194,6 +194,8 @@ class PostgresQueueBackend(LocalQueueWaits):
     ) -> tuple[list[bool], BatchClaim]:
         """The acks, then up to ``len(receipts)`` claims, in one transaction (one round trip,
         one commit: ``queue_ack_claim_many``). ``waiter`` must not be registered yet."""
+        if not receipts:
+            raise ValueError("ack_claim_many needs at least one receipt")
         row = self._claim_step(
             "ack_claim_many",
             {

@@ -41,6 +41,10 @@ DECLARE
     v_acked boolean;
     c record;
 BEGIN
+    IF v_room = 0 THEN
+        RAISE EXCEPTION 'queue_ack_claim_many needs at least one receipt'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     SELECT q.id, EXISTS (SELECT 1 FROM __SCHEMA__.queue_messages m
                          WHERE m.queue_id = q.id AND m.state = 1 AND m.deadline <= v_now)
     INTO v_qid, v_expired
