@@ -6,18 +6,25 @@ prefetched message waits its turn, ``max_messages``, and a stop that finishes th
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 import turnstile
 import turnstile.aio
+from tests.conftest import BackendUnderTest
 from tests.contract import queue_harness
 
 aqclient = queue_harness.aqclient  # the fixture, for this module
 qclient = queue_harness.qclient  # the fixture, for this module
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_prefetch_keeps_per_key_order_and_one_in_flight_per_key(
@@ -150,6 +157,49 @@ def test_a_failed_handler_in_a_batch_is_nacked_and_the_rest_go_on(
     assert [p for p, a in seen if a == 1] == [0, 1, 2, 3]
     assert (1, 2) in seen
     assert [d.payload for d in q.dead_letters()] == [1]
+
+
+def test_a_worker_killed_holding_a_batch_loses_none_of_it(
+    qclient: turnstile.Client, backend: BackendUnderTest, tmp_path: Path
+) -> None:
+    """``kill -9`` of a worker that holds a batch of four (one running, three waiting their
+    turn): once the visibility timeout has passed every one of the four is delivered again,
+    keys in order, and nothing else was touched."""
+    if not backend.cross_process:
+        pytest.skip("memory:// lives in one process, so kill -9 cannot be done to it")
+    vt = 2.0  # long enough for the live worker's extender (every vt/3), short to wait out
+    q = qclient.queue("pf-kill", visibility_timeout=vt)
+    for i in range(8):
+        q.put(i, key=f"k{i % 4}")
+    log = tmp_path / "worker.log"
+    opts = {"url": backend.url, "name": "pf-kill", "vt": vt, "log": str(log), "prefetch": 4}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.contract.queue_prefetch_worker", json.dumps(opts)],
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60  # a fresh process may be slow to start
+        while not (log.exists() and log.read_text().strip()):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail("the worker did not start a message")
+            time.sleep(0.05)
+        assert q.stats().in_flight == 4  # the whole batch is claimed
+        time.sleep(1.5 * vt)  # its extender keeps all four invisible meanwhile
+        assert q.get(timeout=0) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    started = [json.loads(line) for line in log.read_text().splitlines()]
+    assert started == [[0, 1]]  # the first of the batch, then the kill
+    seen: list[tuple[int, int]] = []
+    result = q.work(lambda m: seen.append((m.payload, m.attempt)), prefetch=4,
+                    max_messages=8, idle_timeout=60, handle_signals=False)
+    assert (result.acked, result.lost, result.stopped_by) == (8, 0, "max_messages")
+    assert sorted(p for p, _ in seen) == list(range(8))
+    assert {p: a for p, a in seen} == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1, 7: 1}
+    for k in range(4):  # each key in put order: the redelivered head first
+        assert [p for p, _ in seen if p % 4 == k] == [k, k + 4]
+    assert q.stats().pending == 0
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1001, 2.5, "4", True, None])
