@@ -213,12 +213,11 @@ def put_result(reply: list[Any]) -> PutResult:
     return PutResult(_text(reply[0]), int(reply[1]) == 1, _seconds(reply[2]))
 
 
-def claim_result(reply: list[Any], receipt: str) -> ClaimResult:
-    if int(reply[0]) == 0:
-        retry = int(reply[2])
-        return ClaimResult(None, _seconds(reply[1]), None if retry < 0 else _seconds(retry))
-    _, mid, has_key, key, body, kind, attempt, enq, deadline, now = reply
-    delivery = Delivery(
+def _delivery(fields: list[Any], receipt: str) -> Delivery:
+    """A claimed message as the queue scripts send it: id, has_key, key, body, kind,
+    attempt, enqueued_us, deadline_us."""
+    mid, has_key, key, body, kind, attempt, enq, deadline = fields
+    return Delivery(
         _text(mid),
         _text(key) if int(has_key) else None,
         _bytes(body),
@@ -228,26 +227,20 @@ def claim_result(reply: list[Any], receipt: str) -> ClaimResult:
         receipt,
         _seconds(deadline),
     )
-    return ClaimResult(delivery, _seconds(now), None)
+
+
+def claim_result(reply: list[Any], receipt: str) -> ClaimResult:
+    if int(reply[0]) == 0:
+        retry = int(reply[2])
+        return ClaimResult(None, _seconds(reply[1]), None if retry < 0 else _seconds(retry))
+    return ClaimResult(_delivery(reply[1:9], receipt), _seconds(reply[9]), None)
 
 
 def batch_result(reply: list[Any], receipts: list[str]) -> tuple[list[bool], BatchClaim]:
     """``ack_claim_many.lua``'s answer: the acks' outcomes and the claimed messages (the
     i-th claimed with ``receipts[i]``)."""
     acked, claimed, now, retry = reply
-    deliveries = [
-        Delivery(
-            _text(mid),
-            _text(key) if int(has_key) else None,
-            _bytes(body),
-            int(kind),
-            int(attempt),
-            _seconds(enq),
-            receipts[i],
-            _seconds(deadline),
-        )
-        for i, (mid, has_key, key, body, kind, attempt, enq, deadline) in enumerate(claimed)
-    ]
+    deliveries = [_delivery(fields, receipts[i]) for i, fields in enumerate(claimed)]
     retry = int(retry)
     return [int(a) == 1 for a in acked], BatchClaim(
         deliveries, _seconds(now), None if deliveries or retry < 0 else _seconds(retry)
