@@ -246,6 +246,10 @@ class RedisServer:
         return resp(self.port, *args, password=self.password, timeout=timeout)
 
     def start(self) -> None:
+        """Start the server, unless it runs already (a second process on the same port and
+        folder would fail to bind, and the running one would be left untracked)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
         if self.binary is None:
             self.binary = redis_binary()
         args = [
@@ -276,17 +280,13 @@ class RedisServer:
             time.sleep(0.02)
 
     def _answering_is_ours(self) -> bool:
-        """Whether the server answering on our port is the one we started: a free port can
-        be taken by someone else between our finding it and our server binding it, and that
-        other server would answer our PING while ours exits."""
+        """Whether the server answering on our port is the process we started: a free port
+        can be taken by someone else between our finding it and our server binding it, and
+        that other server would answer our PING while ours exits."""
         if self.proc is None or self.proc.poll() is not None:
             return False
-        reply = self.command("CONFIG", "GET", "dir", timeout=1)
-        return (
-            isinstance(reply, list)
-            and len(reply) == 2
-            and os.path.realpath(str(reply[1])) == os.path.realpath(self.folder)
-        )
+        info = str(self.command("INFO", "server", timeout=1))
+        return f"process_id:{self.proc.pid}\r\n" in info
 
     def log(self) -> str:
         with contextlib.suppress(OSError):

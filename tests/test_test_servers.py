@@ -85,6 +85,19 @@ def test_starter_redis_answers_restarts_and_leaves_nothing() -> None:
     assert not server.folder.exists()
 
 
+def test_starter_redis_started_twice_is_one_server_and_close_stops_it() -> None:
+    """start() of a running server does nothing: a second process on the same port and
+    folder would fail to bind while the first, no longer tracked, outlived close()."""
+    with contextlib.ExitStack() as stack:
+        server = _start(stack, servers.redis_server())
+        assert server.proc is not None
+        first = server.proc.pid
+        server.start()
+        assert server.proc.pid == first
+        assert f"process_id:{first}" in server.command("INFO", "server")
+    assert not servers.port_is_open(server.port)
+
+
 def test_starter_redis_with_a_password() -> None:
     with contextlib.ExitStack() as stack:
         server = _start(stack, servers.redis_server("--requirepass", "pw"))
@@ -136,6 +149,7 @@ def test_starter_redis_cluster_introduces_a_forgotten_node_again() -> None:
             assert len(node.command("CLUSTER", "NODES").splitlines()) == 3
     finally:
         cluster.close()
+    assert not any(servers.port_is_open(node.port) for node in cluster.nodes)
 
 
 def test_starter_redis_cluster_reports_what_each_node_says_when_it_gives_up() -> None:
@@ -152,6 +166,7 @@ def test_starter_redis_cluster_reports_what_each_node_says_when_it_gives_up() ->
             assert f"port {node.port}: {{'cluster_state': 'fail'" in message
     finally:
         cluster.close()
+    assert not any(servers.port_is_open(node.port) for node in cluster.nodes)
 
 
 @pytest.mark.slow
