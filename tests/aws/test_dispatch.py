@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,14 +109,27 @@ async def _dead(url: str, queue: str) -> list[Any]:
         return await client.queue(queue).dead_letters()
 
 
-async def _wait_drained(url: str, queue: str, timeout: float = 120.0) -> None:
+async def _wait_drained(
+    url: str, queue: str, timeout: float = 120.0, explain: Callable[[], str] = str
+) -> None:
+    """Until nothing is ready, delayed or in flight; on time-out the failure shows the stats
+    and ``explain()`` (what the dispatcher and the emulator say)."""
     deadline = time.monotonic() + timeout
     while True:
         stats = await _stats(url, queue)
         if stats.ready == stats.delayed == stats.in_flight == 0:
             return
-        assert time.monotonic() < deadline, stats
+        assert time.monotonic() < deadline, f"{stats}\n{explain()}"
         await asyncio.sleep(0.2)
+
+
+def _still_running(moto: MotoServer, machine: str) -> str:
+    """The executions the emulator reports as RUNNING, with their start times."""
+    sfn = moto.client("stepfunctions")
+    running = sfn.list_executions(stateMachineArn=machine, statusFilter="RUNNING")
+    return "RUNNING in the emulator: " + ", ".join(
+        f"{e['name']} (since {e['startDate']})" for e in running["executions"]
+    )
 
 
 @dataclass
@@ -257,7 +270,11 @@ async def test_sixty_messages_three_at_a_time_through_a_kill_9(
         assert in_flight >= 1  # the next dispatcher has messages of the dead one to look at
         second = _dispatcher(moto, store, queue, machine, second_log)
         try:
-            await _wait_drained(store, queue)
+            await _wait_drained(
+                store, queue,
+                explain=lambda: _still_running(moto, machine) + "\nsecond dispatcher:\n"
+                + second_log.read_text(errors="replace")[-3000:],
+            )
             second.send_signal(signal.SIGTERM)
             assert second.wait(timeout=30) == 0, second_log.read_text()
         finally:
