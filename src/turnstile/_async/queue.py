@@ -240,10 +240,15 @@ class AsyncQueue:
             max_attempts=self.max_attempts,
             waiter=waiter,
         )
+        self._record_ack(message, ok)
+        return result
+
+    def _record_ack(self, message: AsyncMessage, ok: bool) -> None:
+        """The outcome of an ack sent with a claim, recorded on the message as
+        :meth:`AsyncMessage.ack` records its own."""
         telemetry.queue_settled(self.name, message.id, "ack", ok)
         message.settled = True
         message.lost = message.lost or not ok
-        return result
 
     async def _get(
         self,
@@ -339,10 +344,7 @@ class AsyncQueue:
             waiter=waiter,
         )
         for message, ok in zip(acks, acked, strict=True):
-            telemetry.queue_settled(self.name, message.id, "ack", ok)
-            message.settled = True
-            message.lost = message.lost or not ok
-            message._settling = False
+            self._record_ack(message, ok)
         return [AsyncMessage(self, d) for d in batch.deliveries], batch.retry_after
 
     async def _get_remote(

@@ -235,10 +235,15 @@ class Queue:
             max_attempts=self.max_attempts,
             waiter=waiter,
         )
+        self._record_ack(message, ok)
+        return result
+
+    def _record_ack(self, message: Message, ok: bool) -> None:
+        """The outcome of an ack sent with a claim, recorded on the message as
+        :meth:`Message.ack` records its own."""
         telemetry.queue_settled(self.name, message.id, "ack", ok)
         message.settled = True
         message.lost = message.lost or not ok
-        return result
 
     def _get(
         self,
@@ -334,10 +339,7 @@ class Queue:
             waiter=waiter,
         )
         for message, ok in zip(acks, acked, strict=True):
-            telemetry.queue_settled(self.name, message.id, "ack", ok)
-            message.settled = True
-            message.lost = message.lost or not ok
-            message._settling = False
+            self._record_ack(message, ok)
         return [Message(self, d) for d in batch.deliveries], batch.retry_after
 
     def _get_remote(

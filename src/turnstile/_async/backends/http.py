@@ -331,31 +331,6 @@ class AsyncHTTPQueueBackend(AsyncStepwiseBatches):
         return bool(data["acked"])
 
 
-    async def ack_claim(
-        self,
-        name: str,
-        id: str,
-        ack_receipt: str,
-        *,
-        receipt: str,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[bool, ClaimResult]:
-        # Two requests: the service has no combined step (a worker over HTTP long-polls its
-        # gets, so AsyncQueue acks on its own there).
-        acked = await self.ack(name, id, ack_receipt)
-        result = await self.claim(
-            name,
-            receipt=receipt,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-        return acked, result
-
     async def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None
     ) -> bool:

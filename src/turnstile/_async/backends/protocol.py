@@ -219,11 +219,42 @@ class AsyncQueueWaiter(Protocol):
 
 
 
-class AsyncStepwiseBatches:
+class AsyncAckClaimByBatch:
+    """``ack_claim`` as the batch step of one ack and one claim: one atomic step where
+    ``ack_claim_many`` is one (Redis: one script; SQLite: one transaction), the ack then the
+    claim where it runs as steps (:class:`AsyncStepwiseBatches`)."""
+
+    async def ack_claim(
+        self,
+        name: str,
+        id: str,
+        ack_receipt: str,
+        *,
+        receipt: str,
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[bool, ClaimResult]:
+        acked, batch = await cast("AsyncQueueBackend", self).ack_claim_many(
+            name,
+            [(id, ack_receipt)],
+            receipts=[receipt],
+            visibility_timeout=visibility_timeout,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            waiter=waiter,
+        )
+        delivery = batch.deliveries[0] if batch.deliveries else None
+        return acked[0], ClaimResult(delivery, batch.now, batch.retry_after)
+
+
+class AsyncStepwiseBatches(AsyncAckClaimByBatch):
     """``ack_claim_many`` as separate steps, for the stores that have no batch step (the
     memory store and the HTTP backend): each ack, then claims until one finds nothing (only
     the first names ``waiter``, which it registers if it finds nothing). The answers one
-    transaction would give, each step atomic on its own."""
+    transaction would give, each step atomic on its own. Every store but PostgreSQL takes
+    its ``ack_claim`` from here, as the batch of one."""
 
     async def ack_claim_many(
         self,
@@ -259,65 +290,13 @@ class AsyncStepwiseBatches:
         )
 
 
-class AsyncAckClaimByBatch:
-    """``ack_claim`` as the batch step of one ack and one claim, for the stores whose
-    ``ack_claim_many`` is one atomic step (Redis: one script; SQLite: one transaction)."""
-
-    async def ack_claim(
-        self,
-        name: str,
-        id: str,
-        ack_receipt: str,
-        *,
-        receipt: str,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[bool, ClaimResult]:
-        acked, batch = await cast("AsyncQueueBackend", self).ack_claim_many(
-            name,
-            [(id, ack_receipt)],
-            receipts=[receipt],
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-        delivery = batch.deliveries[0] if batch.deliveries else None
-        return acked[0], ClaimResult(delivery, batch.now, batch.retry_after)
-
-
 class AsyncLocalQueueWaits(AsyncStepwiseBatches):
     """The documented answer of ``long_poll`` for every store whose blocking gets wake a local
     waiter (``characteristics.long_poll_gets`` False): memory, SQLite, Redis, PostgreSQL.
-    Their queue backends inherit it instead of each writing the same refusal, the two-step
-    ``ack_claim`` and the stepwise ``ack_claim_many`` (PostgreSQL, SQLite and Redis have
-    their own, each one atomic step)."""
+    Their queue backends inherit it instead of each writing the same refusal, and the
+    stepwise ``ack_claim_many`` and ``ack_claim`` (:class:`AsyncStepwiseBatches`; PostgreSQL,
+    SQLite and Redis have their own batch step, PostgreSQL its own ``ack_claim`` too)."""
 
-    async def ack_claim(
-        self,
-        name: str,
-        id: str,
-        ack_receipt: str,
-        *,
-        receipt: str,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[bool, ClaimResult]:
-        backend = cast("AsyncQueueBackend", self)  # every subclass is one
-        acked = await backend.ack(name, id, ack_receipt)
-        result = await backend.claim(
-            name,
-            receipt=receipt,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-        return acked, result
 
     async def long_poll(
         self,
@@ -369,8 +348,8 @@ class AsyncQueueBackend(Protocol):
         """``ack`` of (``id``, ``ack_receipt``), then ``claim``: the worker loop's step
         between two messages. ``waiter`` is new (not registered yet). PostgreSQL does both in
         one transaction (one round trip, one commit), Redis in one script and SQLite in one
-        transaction (:class:`AsyncAckClaimByBatch`); the memory store and the HTTP backend
-        run the two steps (``AsyncLocalQueueWaits.ack_claim``)."""
+        transaction; the memory store and the HTTP backend run the two steps (all but
+        PostgreSQL: :class:`AsyncAckClaimByBatch`)."""
         ...
 
     async def ack_claim_many(

@@ -23,7 +23,7 @@ from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
-from .protocol import AsyncAckClaimByBatch, AsyncLocalQueueWaits
+from .protocol import AsyncLocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (AsyncRedisConnection.queues), so it is imported
@@ -63,7 +63,7 @@ class AsyncRedisQueueWaiter:
             await self._queues._run("unregister", self._name, [self.id])
 
 
-class AsyncRedisQueueBackend(AsyncAckClaimByBatch, AsyncLocalQueueWaits):
+class AsyncRedisQueueBackend(AsyncLocalQueueWaits):
     def __init__(self, connection: AsyncRedisConnection) -> None:
         self.connection = connection
         self._scripts = scripts.load("queue")

@@ -18,7 +18,7 @@ from ..._core.records import (
 from ...stores.sqlite.lock_store import SQLiteStore
 from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
-from .protocol import AsyncAckClaimByBatch, AsyncLocalQueueWaits
+from .protocol import AsyncLocalQueueWaits
 
 POLL_MIN = 0.001
 POLL_MAX = 0.05
@@ -55,7 +55,7 @@ class AsyncSQLiteQueueWaiter:
             await _compat.run_blocking(self._store.unregister, self._name, self.id)
 
 
-class AsyncSQLiteQueueBackend(AsyncAckClaimByBatch, AsyncLocalQueueWaits):
+class AsyncSQLiteQueueBackend(AsyncLocalQueueWaits):
     def __init__(self, store: SQLiteStore) -> None:
         self.store = SQLiteQueueStore(store)
 

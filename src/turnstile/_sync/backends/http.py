@@ -332,31 +332,6 @@ class HTTPQueueBackend(StepwiseBatches):
         return bool(data["acked"])
 
 
-    def ack_claim(
-        self,
-        name: str,
-        id: str,
-        ack_receipt: str,
-        *,
-        receipt: str,
-        visibility_timeout: float,
-        concurrency: int | None,
-        max_attempts: int,
-        waiter: str | None,
-    ) -> tuple[bool, ClaimResult]:
-        # Two requests: the service has no combined step (a worker over HTTP long-polls its
-        # gets, so Queue acks on its own there).
-        acked = self.ack(name, id, ack_receipt)
-        result = self.claim(
-            name,
-            receipt=receipt,
-            visibility_timeout=visibility_timeout,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            waiter=waiter,
-        )
-        return acked, result
-
     def nack(
         self, name: str, id: str, receipt: str, *, delay: float, error: str | None
     ) -> bool:

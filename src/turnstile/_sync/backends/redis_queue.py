@@ -24,7 +24,7 @@ from ...stores.redis import keys, replies, scripts
 from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
-from .protocol import AckClaimByBatch, LocalQueueWaits
+from .protocol import LocalQueueWaits
 
 if TYPE_CHECKING:
     # The connection makes this backend (RedisConnection.queues), so it is imported
@@ -64,7 +64,7 @@ class RedisQueueWaiter:
             self._queues._run("unregister", self._name, [self.id])
 
 
-class RedisQueueBackend(AckClaimByBatch, LocalQueueWaits):
+class RedisQueueBackend(LocalQueueWaits):
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
         self._scripts = scripts.load("queue")

@@ -19,7 +19,7 @@ from ..._core.records import (
 from ...stores.sqlite.lock_store import SQLiteStore
 from ...stores.sqlite.queue_store import SQLiteQueueStore
 from .. import _compat
-from .protocol import AckClaimByBatch, LocalQueueWaits
+from .protocol import LocalQueueWaits
 
 POLL_MIN = 0.001
 POLL_MAX = 0.05
@@ -56,7 +56,7 @@ class SQLiteQueueWaiter:
             _compat.run_blocking(self._store.unregister, self._name, self.id)
 
 
-class SQLiteQueueBackend(AckClaimByBatch, LocalQueueWaits):
+class SQLiteQueueBackend(LocalQueueWaits):
     def __init__(self, store: SQLiteStore) -> None:
         self.store = SQLiteQueueStore(store)
 
