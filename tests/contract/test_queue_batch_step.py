@@ -78,10 +78,15 @@ def test_a_batch_step_without_a_receipt_is_refused_and_changes_nothing(
     qclient: turnstile.Client,
 ) -> None:
     store = qclient._queues()
-    store.put("no-receipt", NewMessage("m1", None, b"1", KIND_JSON, 0.0, None, 3),
-              dedup_window=60.0)
+    for i in ("m1", "m2"):
+        store.put("no-receipt", NewMessage(i, None, b"1", KIND_JSON, 0.0, None, 3),
+                  dedup_window=60.0)
+    held = store.claim("no-receipt", receipt="r1", visibility_timeout=60.0, concurrency=None,
+                       max_attempts=3, waiter=None).delivery
+    assert held is not None
     with pytest.raises(ValueError, match="at least one receipt"):
-        store.ack_claim_many("no-receipt", [], receipts=[], visibility_timeout=60.0,
-                             concurrency=None, max_attempts=3, waiter=None)
+        store.ack_claim_many("no-receipt", [(held.id, "r1")], receipts=[],
+                             visibility_timeout=60.0, concurrency=None, max_attempts=3,
+                             waiter=None)
     stats = store.stats("no-receipt", top_keys=1)
-    assert (stats.ready, stats.in_flight) == (1, 0)
+    assert (stats.ready, stats.in_flight) == (1, 1)  # not even the ack was made

@@ -267,10 +267,11 @@ class AsyncStepwiseBatches(AsyncAckClaimByBatch):
         max_attempts: int,
         waiter: str | None,
     ) -> tuple[list[bool], BatchClaim]:
+        if not receipts:
+            raise ValueError("ack_claim_many needs at least one receipt")
         backend = cast("AsyncQueueBackend", self)  # every subclass is one
         acked = [await backend.ack(name, id, receipt) for id, receipt in acks]
         deliveries: list[Delivery] = []
-        result: ClaimResult | None = None
         for receipt in receipts:
             result = await backend.claim(
                 name,
@@ -283,8 +284,6 @@ class AsyncStepwiseBatches(AsyncAckClaimByBatch):
             if result.delivery is None:
                 break
             deliveries.append(result.delivery)
-        if result is None:
-            raise ValueError("ack_claim_many needs at least one receipt")
         return acked, BatchClaim(
             deliveries, result.now, None if deliveries else result.retry_after
         )

@@ -268,10 +268,11 @@ class StepwiseBatches(AckClaimByBatch):
         max_attempts: int,
         waiter: str | None,
     ) -> tuple[list[bool], BatchClaim]:
+        if not receipts:
+            raise ValueError("ack_claim_many needs at least one receipt")
         backend = cast("QueueBackend", self)  # every subclass is one
         acked = [backend.ack(name, id, receipt) for id, receipt in acks]
         deliveries: list[Delivery] = []
-        result: ClaimResult | None = None
         for receipt in receipts:
             result = backend.claim(
                 name,
@@ -284,8 +285,6 @@ class StepwiseBatches(AckClaimByBatch):
             if result.delivery is None:
                 break
             deliveries.append(result.delivery)
-        if result is None:
-            raise ValueError("ack_claim_many needs at least one receipt")
         return acked, BatchClaim(
             deliveries, result.now, None if deliveries else result.retry_after
         )

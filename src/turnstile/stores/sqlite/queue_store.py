@@ -58,6 +58,13 @@ class SQLiteQueueStore:
             result, wakes = fn(conn, now)
             return result, self._take_waiters(conn, name, now, freed + wakes)
 
+        return self._run_waking(name, body)
+
+    def _run_waking(
+        self, name: str, body: Callable[[sqlite3.Connection], tuple[T, list[str]]]
+    ) -> T:
+        """Run ``body(conn) -> (result, woken)`` in one transaction; after the commit, wake
+        the waiters it took."""
         result, woken = self.store._run(body)
         for waiter in woken:
             self.wake.signal(name, waiter)
@@ -233,6 +240,8 @@ class SQLiteQueueStore:
     ) -> tuple[list[bool], BatchClaim]:
         """Each ack, then a claim per receipt until one finds nothing (only the first naming
         ``waiter``), in one transaction; wakes as those steps one after another would."""
+        if not receipts:
+            raise ValueError("ack_claim_many needs at least one receipt")
 
         def body(conn: sqlite3.Connection) -> tuple[tuple[list[bool], BatchClaim], list[str]]:
             now = self.store._clock()
@@ -242,7 +251,6 @@ class SQLiteQueueStore:
             if acks:  # the acks wake before the first claim may register the waiter
                 woken = self._take_waiters(conn, name, now, freed + sum(acked))
             deliveries: list[Delivery] = []
-            result = None
             for receipt in receipts:
                 result = self._claim_in(
                     conn, name, now, receipt, visibility_timeout, concurrency, max_attempts,
@@ -251,17 +259,12 @@ class SQLiteQueueStore:
                 if result.delivery is None:
                     break
                 deliveries.append(result.delivery)
-            if result is None:
-                raise ValueError("ack_claim_many needs at least one receipt")
             if not acks:  # the first claim's purge: it takes one of the messages freed
                 woken = self._take_waiters(conn, name, now, freed - (1 if deliveries else 0))
             batch = BatchClaim(deliveries, now, None if deliveries else result.retry_after)
             return (acked, batch), woken
 
-        answer, woken = self.store._run(body)
-        for w in woken:
-            self.wake.signal(name, w)
-        return answer
+        return self._run_waking(name, body)
 
     @staticmethod
     def _holding(conn: sqlite3.Connection, name: str, message_id: str, receipt: str) -> int | None:
