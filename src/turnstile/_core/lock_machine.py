@@ -45,7 +45,7 @@ name: the name's limit governs their grants.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import LimitConflict
@@ -134,11 +134,75 @@ class WaiterRow:
 
 @dataclass(slots=True)
 class NameState:
+    """One name's limit, holders and line, in memory.
+
+    Every step reaches the line (``waiters``, in line order) only through the methods
+    below, so a store may keep it elsewhere: the SQLite store reads and writes its rows as
+    the step goes (``stores/sqlite/lock_store.py``), which keeps a step on a line of any
+    length to a few index lookups. The list here is the reference."""
+
     limit: int = 1
     holders: dict[str, HolderRow] = field(default_factory=dict)
     waiters: list[WaiterRow] = field(default_factory=list)
     per_key: int | None = None  # a semaphore group: at most this many holders per key
 
+    # -- the line ---------------------------------------------------------------------------
+    def waiter(self, holder: str) -> WaiterRow | None:
+        """``holder``'s waiting entry, if it has one."""
+        return next((w for w in self.waiters if w.holder == holder), None)
+
+    def has_waiters(self) -> bool:
+        return bool(self.waiters)
+
+    def has_callback_waiter(self) -> bool:
+        return any(w.callback is not None for w in self.waiters)
+
+    def waiter_expired(self, now: float) -> bool:
+        """Whether a waiting entry has expired by ``now`` (not yet purged)."""
+        return any(w.expires_at <= now for w in self.waiters)
+
+    def purge_waiters(self, now: float) -> bool:
+        """Drop the waiting entries expired by ``now``; whether there were any."""
+        live = [w for w in self.waiters if w.expires_at > now]
+        if len(live) == len(self.waiters):
+            return False
+        self.waiters = live
+        return True
+
+    def line(self) -> Iterator[WaiterRow]:
+        """The waiting entries front to back. The caller may drop (only) the entry just
+        given before asking for the next."""
+        index = 0
+        while index < len(self.waiters):
+            w = self.waiters[index]
+            yield w
+            if index < len(self.waiters) and self.waiters[index] is w:
+                index += 1
+
+    def drop_waiter(self, holder: str) -> bool:
+        """Take ``holder``'s entry out of the line; whether it had one."""
+        for index, w in enumerate(self.waiters):
+            if w.holder == holder:
+                del self.waiters[index]
+                return True
+        return False
+
+    def join_line(self, row: WaiterRow, now: float, lead: int) -> None:
+        """Put a new entry in line by rank (``ranking.join``: sets its stamp and rank)."""
+        ranking.join(self.waiters, row, now, lead)
+
+    def waiter_changed(self, row: WaiterRow) -> None:
+        """``row`` (an entry of this line) had its ttls, expiry or callback changed."""
+
+    def position(self, holder: str) -> int | None:
+        """How many entries stand before ``holder``'s (None: it has none)."""
+        return next((i for i, w in enumerate(self.waiters) if w.holder == holder), None)
+
+    def live_waiters(self, now: float) -> list[WaiterRow]:
+        """Every entry not expired by ``now``, front to back."""
+        return [w for w in self.waiters if w.expires_at > now]
+
+    # -- holders and room -------------------------------------------------------------------
     def key_counts(self) -> dict[str | None, int]:
         counts: dict[str | None, int] = {}
         for h in self.holders.values():
@@ -155,20 +219,22 @@ class NameState:
 
     def grantable_waiter(self) -> bool:
         """Whether a live waiter could be granted now (promote leaves none)."""
+        if len(self.holders) >= self.limit:
+            return False
+        if self.per_key is None:
+            return self.has_waiters()
         counts = self.key_counts()
-        return any(self.has_room(w.key, counts) for w in self.waiters)
+        return any(self.has_room(w.key, counts) for w in self.line())
 
     @property
     def empty(self) -> bool:
-        return not self.holders and not self.waiters
+        return not self.holders and not self.has_waiters()
 
     @property
     def has_callbacks(self) -> bool:
         """Whether a deliverer has anything to do here now or later: a callback waiter (its
         grant may come from an expiry nobody else acts on) or a pending delivery."""
-        return any(w.callback is not None for w in self.waiters) or any(
-            h.pending for h in self.holders.values()
-        )
+        return any(h.pending for h in self.holders.values()) or self.has_callback_waiter()
 
 
 def purge(state: NameState, now: float) -> bool:
@@ -177,11 +243,7 @@ def purge(state: NameState, now: float) -> bool:
     for key in [k for k, h in state.holders.items() if h.expires_at <= now]:
         del state.holders[key]
         changed = True
-    live = [w for w in state.waiters if w.expires_at > now]
-    if len(live) != len(state.waiters):
-        state.waiters = live
-        changed = True
-    return changed
+    return state.purge_waiters(now) or changed
 
 
 def promote(
@@ -192,16 +254,17 @@ def promote(
     granted *for* someone else (to be woken); ``claimant`` (the caller) gets a claimed grant
     at once."""
     woken: list[str] = []
+    if len(state.holders) >= state.limit:
+        return woken
     counts = state.key_counts() if state.per_key is not None else None
-    index = 0
-    while index < len(state.waiters) and len(state.holders) < state.limit:
-        w = state.waiters[index]
+    for w in state.line():
+        if len(state.holders) >= state.limit:
+            break
         if counts is not None:
             if not state.has_room(w.key, counts):
-                index += 1  # its key is full: the waiters behind it go on
-                continue
+                continue  # its key is full: the waiters behind it go on
             counts[w.key] = counts.get(w.key, 0) + 1
-        del state.waiters[index]
+        state.drop_waiter(w.holder)
         if w.callback is not None:
             # Nobody to wake and nobody to claim it: the grant is claimed for its full ttl
             # and its delivery is pending, written in this very step.
@@ -270,7 +333,7 @@ def acquire(
     if state.empty:
         state.limit, state.per_key = limit, per_key
     elif (state.limit != limit or state.per_key != per_key) and not (
-        holder in state.holders or any(w.holder == holder for w in state.waiters)
+        holder in state.holders or state.waiter(holder) is not None
     ):
         if state.per_key != per_key:
             raise group_conflict(name, (state.limit, state.per_key), (limit, per_key))
@@ -289,27 +352,31 @@ def acquire(
                 callback, True, 0.0, 0
             )
         return AcquireResult(grant_of(name, mine), None, now, None), woken
-    index = next((i for i, w in enumerate(state.waiters) if w.holder == holder), None)
-    if index is not None:
-        w = state.waiters[index]
+    w = state.waiter(holder)
+    if w is not None:
+        # Keeping one's place: promote above granted every waiter that could be granted,
+        # so this one waits on.
         w.ttl, w.wait_ttl, w.expires_at = ttl, wait_ttl, now + wait_ttl
         if callback is not None:
             w.callback = callback
-    elif enqueue or state.has_room(key):
-        # (Without joining, only a free slot: promote above left none that a waiter could
-        # take, so room for this key is room nobody in line can use.)
-        ranking.join(
-            state.waiters,
+        state.waiter_changed(w)
+    elif state.has_room(key):
+        # A newcomer and a free slot for its key: promote above left none that a waiter
+        # could take, so nobody in line can use it. Granted at once (joining and then
+        # promoting would grant it the same, wherever it joined): claimed for the full ttl,
+        # and for a callback waiter with its delivery pending.
+        mine = HolderRow(
+            holder, next_token(), now, now + ttl, True, callback, callback is not None, key=key
+        )
+        state.holders[holder] = mine
+        return AcquireResult(grant_of(name, mine), None, now, None), woken
+    elif enqueue:
+        state.join_line(
             WaiterRow(holder, ttl, wait_ttl, now, now + wait_ttl, callback, key=key),
             now,
             ranking.lead(priority, ageing),
         )
-    woken += promote(state, now, next_token, holder)
-    mine = state.holders.get(holder)
-    if mine is not None:
-        return AcquireResult(grant_of(name, mine), None, now, None), woken
-    position = next((i for i, w in enumerate(state.waiters) if w.holder == holder), None)
-    return AcquireResult(None, position, now, retry_after(state, now)), woken
+    return AcquireResult(None, state.position(holder), now, retry_after(state, now)), woken
 
 
 def release(
@@ -324,9 +391,7 @@ def release(
         del state.holders[holder]
         released = True
     if token is None:
-        before = len(state.waiters)
-        state.waiters = [w for w in state.waiters if w.holder != holder]
-        released = released or len(state.waiters) != before
+        released = state.drop_waiter(holder) or released
     return released, promote(state, now, next_token, None)
 
 
@@ -364,9 +429,9 @@ def due(state: NameState, now: float) -> bool:
     (or a claim lapsed)."""
     if any(h.expires_at <= now for h in state.holders.values()):
         return True
-    if any(w.expires_at <= now for w in state.waiters):
+    if state.waiter_expired(now):
         return True
-    if state.waiters and state.grantable_waiter():
+    if state.grantable_waiter():
         # A free slot before a live waiter: left by a step that purged and then refused
         # (a limit conflict raises before promoting); the deliverer's step grants it.
         return True
@@ -442,7 +507,7 @@ def status(state: NameState, *, name: str, now: float) -> Status:
     holders = sorted(
         (h for h in state.holders.values() if h.expires_at > now), key=lambda h: h.token
     )
-    waiters = [w for w in state.waiters if w.expires_at > now]
+    waiters = state.live_waiters(now)
     return Status(
         name=name,
         limit=state.limit if not state.empty else None,

@@ -57,13 +57,18 @@ class Ranked(Protocol):
 R = TypeVar("R", bound=Ranked)
 
 
+def place(row: Ranked, now: float, newest: int | None, lead: int) -> None:
+    """Set a joining entry's ``joined_at`` (its stamp) and ``rank``, ``newest`` being the
+    newest stamp in its line (None: an empty line)."""
+    at = stamp(now, newest)
+    row.joined_at, row.rank = at / 1_000_000, at - lead
+
+
 def join(line: list[R], row: R, now: float, lead: int) -> int:
     """Put a new waiting entry in ``line`` by rank: behind every waiter of its rank or
     better, ahead of the rest. Sets its ``joined_at`` (its stamp) and ``rank``; returns its
     position."""
-    newest = max((stamp_of(w.joined_at) for w in line), default=None)
-    at = stamp(now, newest)
-    row.joined_at, row.rank = at / 1_000_000, at - lead
+    place(row, now, max((stamp_of(w.joined_at) for w in line), default=None), lead)
     index = len(line)
     while index > 0 and line[index - 1].rank > row.rank:
         index -= 1

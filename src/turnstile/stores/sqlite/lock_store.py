@@ -1,6 +1,8 @@
-"""The SQLite store: every operation is one ``BEGIN IMMEDIATE`` transaction that loads a
-name's rows, runs the reference state machine (:mod:`turnstile._core.lock_machine`) and writes back
-what changed.
+"""The SQLite store: every operation is one ``BEGIN IMMEDIATE`` transaction that runs the
+reference state machine (:mod:`turnstile._core.lock_machine`) on the name's rows: its limit
+and holders read at the start and written back where they changed, its line left in its table
+and reached through indexes as the step goes (:class:`StoredName`), so a step costs the same
+whatever the length of the line.
 
 Concurrency: WAL journal, autocommit connections (one per thread), explicit
 ``BEGIN IMMEDIATE`` so writers queue on SQLite's lock instead of failing on upgrade, and our
@@ -24,11 +26,12 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from importlib import resources
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from ..._core import forks, lock_machine, urls
+from ..._core import forks, lock_machine, ranking, urls
 from ..._core.records import AcquireResult, CallbackDelivery, Grant, Status
 from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 
@@ -213,18 +216,19 @@ class SQLiteStore:
 
     # -- state load/save ----------------------------------------------------------------
     @staticmethod
-    def _load(conn: sqlite3.Connection, name: str) -> lock_machine.NameState:
+    def _load(conn: sqlite3.Connection, name: str) -> StoredName:
         # _save keeps a turnstile_names row exactly while the name has holder or waiter rows,
         # so an idle name costs one lookup.
         row = conn.execute(
-            "SELECT lim, per_key FROM turnstile_names WHERE name = ?", (name,)
+            "SELECT lim, per_key, EXISTS (SELECT 1 FROM turnstile_waiters WHERE name = ?1)"
+            " FROM turnstile_names WHERE name = ?1",
+            (name,),
         ).fetchone()
-        state = lock_machine.NameState(limit=row[0] if row else 1)
-        if row is not None:
-            state.per_key = row[1]
         if row is None:
-            return state
-        # (One UNION ALL query for both measured slower: its ORDER BY needs a sort.)
+            return StoredName(conn, name, stored=False, line=False)
+        state = StoredName(
+            conn, name, stored=True, line=bool(row[2]), limit=row[0], per_key=row[1]
+        )
         for h in conn.execute(
             "SELECT holder, token, acquired_at, expires_at, claimed, callback, pending,"
             " claimed_until, attempts, group_key FROM turnstile_holders WHERE name = ?",
@@ -233,22 +237,12 @@ class SQLiteStore:
             state.holders[h[0]] = lock_machine.HolderRow(
                 h[0], h[1], h[2], h[3], bool(h[4]), h[5], bool(h[6]), h[7], h[8], h[9]
             )
-        state.waiters = [
-            lock_machine.WaiterRow(*w)
-            for w in conn.execute(
-                "SELECT holder, ttl, wait_ttl, joined_at, expires_at, callback, rank, group_key"
-                " FROM turnstile_waiters WHERE name = ? ORDER BY rank, seq",
-                (name,),
-            )
-        ]
         return state
 
     @staticmethod
     def _snapshot(
         state: lock_machine.NameState,
-    ) -> tuple[
-        tuple[int, int | None], dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]
-    ]:
+    ) -> tuple[tuple[int, int | None], dict[str, tuple[object, ...]]]:
         holders: dict[str, tuple[object, ...]] = {
             k: (
                 h.token,
@@ -263,23 +257,19 @@ class SQLiteStore:
             )
             for k, h in state.holders.items()
         }
-        waiters: dict[str, tuple[object, ...]] = {
-            w.holder: (w.ttl, w.wait_ttl, w.joined_at, w.expires_at, w.callback, w.rank, w.key)
-            for w in state.waiters
-        }
-        return (state.limit, state.per_key), holders, waiters
+        return (state.limit, state.per_key), holders
 
     def _save(
         self,
         conn: sqlite3.Connection,
         name: str,
-        before: tuple[
-            tuple[int, int | None], dict[str, tuple[object, ...]], dict[str, tuple[object, ...]]
-        ],
-        state: lock_machine.NameState,
+        before: tuple[tuple[int, int | None], dict[str, tuple[object, ...]]],
+        state: StoredName,
     ) -> None:
-        old_limit, old_holders, old_waiters = before
-        _, new_holders, new_waiters = self._snapshot(state)
+        """Write back the holders that changed and the name's row (the line's rows were
+        written as the step went)."""
+        old_limit, old_holders = before
+        _, new_holders = self._snapshot(state)
         for holder in old_holders.keys() - new_holders.keys():
             conn.execute(
                 "DELETE FROM turnstile_holders WHERE name = ? AND holder = ?", (name, holder)
@@ -292,38 +282,10 @@ class SQLiteStore:
                     " attempts, group_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (name, holder, *values),
                 )
-        for holder in old_waiters.keys() - new_waiters.keys():
-            conn.execute(
-                "DELETE FROM turnstile_waiters WHERE name = ? AND holder = ?", (name, holder)
-            )
-        for w in state.waiters:  # in line order: new rows get increasing seq (within a rank)
-            values = new_waiters[w.holder]
-            old = old_waiters.get(w.holder)
-            if old is not None and old[2] != values[2]:
-                # A new entry (its old one lapsed and it asked again in this step): it goes to
-                # the back of the line, so it needs a new seq, not the old row's.
-                conn.execute(
-                    "DELETE FROM turnstile_waiters WHERE name = ? AND holder = ?", (name, w.holder)
-                )
-                old = None
-            if old is None:
-                conn.execute(
-                    "INSERT INTO turnstile_waiters"
-                    " (name, holder, ttl, wait_ttl, joined_at, expires_at, callback, rank,"
-                    " group_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (name, w.holder, *values),
-                )
-            elif old != values:
-                conn.execute(
-                    "UPDATE turnstile_waiters SET ttl = ?, wait_ttl = ?, expires_at = ?,"
-                    " callback = ? WHERE name = ? AND holder = ?",
-                    (w.ttl, w.wait_ttl, w.expires_at, w.callback, name, w.holder),
-                )
-        had_rows = bool(old_holders or old_waiters)  # iff the turnstile_names row exists
         if state.empty:
-            if had_rows:
+            if state.stored:
                 conn.execute("DELETE FROM turnstile_names WHERE name = ?", (name,))
-        elif (state.limit, state.per_key) != old_limit or not had_rows:
+        elif (state.limit, state.per_key) != old_limit or not state.stored:
             conn.execute(
                 "INSERT OR REPLACE INTO turnstile_names (name, lim, per_key) VALUES (?, ?, ?)",
                 (name, state.limit, state.per_key),
@@ -356,7 +318,7 @@ class SQLiteStore:
     def _mutate(
         self,
         name: str,
-        step: Callable[[lock_machine.NameState, float, Callable[[], int]], tuple[T, list[str]]],
+        step: Callable[[StoredName, float, Callable[[], int]], tuple[T, list[str]]],
     ) -> T:
         def tx(conn: sqlite3.Connection) -> tuple[T, list[str]]:
             now = self._clock()
@@ -434,7 +396,7 @@ class SQLiteStore:
             room = max_count - len(taken)
 
             def step(
-                state: lock_machine.NameState,
+                state: StoredName,
                 now: float,
                 tokens: Callable[[], int],
                 name: str = name,
@@ -475,7 +437,7 @@ class SQLiteStore:
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
         def step(
-            state: lock_machine.NameState, now: float, tokens: Callable[[], int]
+            state: StoredName, now: float, tokens: Callable[[], int]
         ) -> tuple[Grant | None, list[str]]:
             return lock_machine.renew(
                 state, name=name, holder=holder, token=token, ttl=ttl, now=now
@@ -523,6 +485,177 @@ class SQLiteStore:
     # -- wake-up --------------------------------------------------------------------------
     def bind_wake_socket(self, name: str, holder: str) -> socket.socket | None:
         return self.wake.bind(name, holder)
+
+
+_WAITER = "holder, ttl, wait_ttl, joined_at, expires_at, callback, rank, group_key, seq"
+
+
+@dataclass(slots=True)
+class _StoredWaiter(lock_machine.WaiterRow):
+    seq: int = 0  # the row's arrival number: the line is in (rank, seq) order
+
+
+class StoredName(lock_machine.NameState):
+    """A name's state within one transaction: its limit and holders read at the start (at
+    most ``limit`` rows) and written back by ``_save``; its line left in
+    ``turnstile_waiters`` and reached through the table's indexes as the step goes (by
+    holder, by (rank, seq), by expiry, by stamp), each change written at once. So a step
+    costs the same on a line of two and of ten thousand, where reading the whole line into
+    the reference's list cost milliseconds per thousand waiters. ``stored``: the name had a
+    ``turnstile_names`` row, which it has exactly while it has holder or waiter rows. ``line``:
+    it had waiter rows; while it has none (an idle name, a lock held with nobody waiting)
+    nothing is asked of the table until somebody joins."""
+
+    __slots__ = ("_conn", "_line_rows", "_name", "stored")
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        *,
+        stored: bool,
+        line: bool,
+        limit: int = 1,
+        per_key: int | None = None,
+    ) -> None:
+        super().__init__(limit=limit, per_key=per_key)
+        self._conn, self._name, self.stored = conn, name, stored
+        self._line_rows = line  # False: the table holds no row of this line
+
+    def _one(self, sql: str, *args: object) -> Any:
+        return self._conn.execute(sql, (self._name, *args)).fetchone()
+
+    def _rows(self, sql: str, *args: object) -> list[_StoredWaiter]:
+        return [_StoredWaiter(*r) for r in self._conn.execute(sql, (self._name, *args))]
+
+    def waiter(self, holder: str) -> lock_machine.WaiterRow | None:
+        if not self._line_rows:
+            return None
+        row = self._one(
+            f"SELECT {_WAITER} FROM turnstile_waiters WHERE name = ? AND holder = ?", holder
+        )
+        return None if row is None else _StoredWaiter(*row)
+
+    def has_waiters(self) -> bool:
+        if self._line_rows:
+            self._line_rows = bool(
+                self._one("SELECT EXISTS (SELECT 1 FROM turnstile_waiters WHERE name = ?)")[0]
+            )
+        return self._line_rows
+
+    def has_callback_waiter(self) -> bool:
+        return self._line_rows and bool(
+            self._one(
+                "SELECT EXISTS (SELECT 1 FROM turnstile_waiters"
+                " WHERE name = ? AND callback IS NOT NULL)"
+            )[0]
+        )
+
+    def waiter_expired(self, now: float) -> bool:
+        return self._line_rows and bool(
+            self._one(
+                "SELECT EXISTS (SELECT 1 FROM turnstile_waiters"
+                " WHERE name = ? AND expires_at <= ?)",
+                now,
+            )[0]
+        )
+
+    def purge_waiters(self, now: float) -> bool:
+        if not self._line_rows:
+            return False
+        cursor = self._conn.execute(
+            "DELETE FROM turnstile_waiters WHERE name = ? AND expires_at <= ?", (self._name, now)
+        )
+        return cursor.rowcount > 0
+
+    def line(self) -> Iterator[lock_machine.WaiterRow]:
+        if not self._line_rows:
+            return
+        # Pages of growing size after the last entry given: promote usually needs the first
+        # one or two; the caller may drop the entry it was given meanwhile.
+        rows = self._rows(
+            f"SELECT {_WAITER} FROM turnstile_waiters WHERE name = ?"
+            " ORDER BY rank, seq LIMIT 4"
+        )
+        size = 4
+        while rows:
+            yield from rows
+            if len(rows) < size:
+                return
+            size = min(size * 8, 512)
+            last = rows[-1]
+            rows = self._rows(
+                f"SELECT {_WAITER} FROM turnstile_waiters WHERE name = ? AND (rank, seq) > (?, ?)"
+                " ORDER BY rank, seq LIMIT ?",
+                last.rank,
+                last.seq,
+                size,
+            )
+
+    def drop_waiter(self, holder: str) -> bool:
+        if not self._line_rows:
+            return False
+        cursor = self._conn.execute(
+            "DELETE FROM turnstile_waiters WHERE name = ? AND holder = ?", (self._name, holder)
+        )
+        return cursor.rowcount > 0
+
+    def join_line(self, row: lock_machine.WaiterRow, now: float, lead: int) -> None:
+        newest = None
+        if self._line_rows:
+            found = self._one(
+                "SELECT joined_at FROM turnstile_waiters WHERE name = ?"
+                " ORDER BY joined_at DESC LIMIT 1"
+            )
+            newest = None if found is None else ranking.stamp_of(found[0])
+        ranking.place(row, now, newest, lead)
+        # seq (AUTOINCREMENT) is the newest: behind every entry of its rank, as in the list.
+        self._conn.execute(
+            "INSERT INTO turnstile_waiters (name, holder, ttl, wait_ttl, joined_at, expires_at,"
+            " callback, rank, group_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._name,
+                row.holder,
+                row.ttl,
+                row.wait_ttl,
+                row.joined_at,
+                row.expires_at,
+                row.callback,
+                row.rank,
+                row.key,
+            ),
+        )
+        self._line_rows = True
+
+    def waiter_changed(self, row: lock_machine.WaiterRow) -> None:
+        self._conn.execute(
+            "UPDATE turnstile_waiters SET ttl = ?, wait_ttl = ?, expires_at = ?, callback = ?"
+            " WHERE name = ? AND holder = ?",
+            (row.ttl, row.wait_ttl, row.expires_at, row.callback, self._name, row.holder),
+        )
+
+    def position(self, holder: str) -> int | None:
+        if not self._line_rows:
+            return None
+        # Counts the index entries ahead (one step each, in SQLite's C), no rows read.
+        found = self._one(
+            "SELECT (SELECT count(*) FROM turnstile_waiters AS a WHERE a.name = me.name"
+            "  AND (a.rank, a.seq) < (me.rank, me.seq))"
+            " FROM turnstile_waiters AS me WHERE me.name = ? AND me.holder = ?",
+            holder,
+        )
+        return None if found is None else int(found[0])
+
+    def live_waiters(self, now: float) -> list[lock_machine.WaiterRow]:
+        if not self._line_rows:
+            return []
+        return list(
+            self._rows(
+                f"SELECT {_WAITER} FROM turnstile_waiters WHERE name = ? AND +expires_at > ?"
+                " ORDER BY rank, seq",
+                now,
+            )
+        )
 
 
 class WakeChannel:
