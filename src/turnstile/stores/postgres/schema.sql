@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 15): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 16): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0015) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0016) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -149,9 +149,13 @@ CREATE TABLE __SCHEMA__.waiters (
 CREATE INDEX waiters_line ON __SCHEMA__.waiters (name_id, rank, seq);
 
 -- Names with callback waiters. Keyed on name_id only (the predicate column, callback, is
--- never updated by the lock operations), so a waiter that keeps its place (an UPDATE of
--- expires_at) is still a HOT update.
+-- never updated by the lock operations).
 CREATE INDEX waiters_callbacks ON __SCHEMA__.waiters (name_id) WHERE callback IS NOT NULL;
+
+-- A name's expired entries, which every lock step drops first: found without reading the
+-- rest of the line (version 16). So a waiter keeping its place (an UPDATE of expires_at)
+-- is not a HOT update.
+CREATE INDEX waiters_expiry ON __SCHEMA__.waiters (name_id, expires_at);
 
 CREATE TABLE __SCHEMA__.queues (
     id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
