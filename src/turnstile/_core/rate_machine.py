@@ -67,7 +67,63 @@ class RateState:
         return (self.burst - 1) * self.interval
 
     def idle(self, now: float) -> bool:
-        return not self.waiters and self.tat <= now and not self.admitted
+        return not self.has_waiters() and self.tat <= now and not self.has_admissions()
+
+    # -- the line and the recent admissions: every step reaches them only through these
+    # methods, so a store may keep them elsewhere (the SQLite store reads and writes its
+    # rows as the step goes: stores/sqlite/rate_store.py). The lists here are the reference.
+    def has_waiters(self) -> bool:
+        return bool(self.waiters)
+
+    def line_length(self) -> int:
+        return len(self.waiters)
+
+    def position(self, holder: str) -> int | None:
+        """How many entries stand before ``holder``'s (None: it has none)."""
+        return next((i for i, w in enumerate(self.waiters) if w.holder == holder), None)
+
+    def purge_waiters(self, now: float) -> None:
+        self.waiters = [w for w in self.waiters if w.expires_at > now]
+
+    def drop_waiter(self, holder: str) -> bool:
+        """Take ``holder``'s entry out of the line; whether it had one."""
+        for index, w in enumerate(self.waiters):
+            if w.holder == holder:
+                del self.waiters[index]
+                return True
+        return False
+
+    def join_line(self, row: RateWaiter, now: float, lead: int) -> int:
+        """Put a new entry in line by rank (``ranking.join``); its position."""
+        return ranking.join(self.waiters, row, now, lead)
+
+    def set_expiry(self, holder: str, expires_at: float) -> None:
+        """Set the expiry of ``holder``'s entry (it has one)."""
+        for w in self.waiters:
+            if w.holder == holder:
+                w.expires_at = expires_at
+                return
+
+    def line(self) -> list[RateWaiter]:
+        """Every entry, front to back."""
+        return list(self.waiters)
+
+    def has_admissions(self) -> bool:
+        return bool(self.admitted)
+
+    def trim_admissions(self, cutoff: float) -> None:
+        """Forget the admissions at or before ``cutoff``."""
+        if self.admitted and self.admitted[0] <= cutoff:
+            self.admitted = [t for t in self.admitted if t > cutoff]
+
+    def record_admission(self, at: float) -> None:
+        self.admitted.append(at)
+        if len(self.admitted) > MAX_RECENT:
+            del self.admitted[: len(self.admitted) - MAX_RECENT]
+
+    def admissions(self) -> list[float]:
+        """The recent admissions kept (at most MAX_RECENT, the newest), oldest first."""
+        return list(self.admitted)
 
 
 def rate_conflict(
@@ -86,10 +142,8 @@ def _shown(spec: tuple[int, float, int]) -> str:
 
 
 def purge(state: RateState, now: float) -> None:
-    state.waiters = [w for w in state.waiters if w.expires_at > now]
-    cutoff = now - state.per
-    if state.admitted and state.admitted[0] <= cutoff:
-        state.admitted = [t for t in state.admitted if t > cutoff]
+    state.purge_waiters(now)
+    state.trim_admissions(now - state.per)
 
 
 def slot(state: RateState, position: int, now: float) -> float:
@@ -99,9 +153,7 @@ def slot(state: RateState, position: int, now: float) -> float:
 
 def _admit(state: RateState, now: float) -> None:
     state.tat = max(state.tat, now) + state.interval
-    state.admitted.append(now)
-    if len(state.admitted) > MAX_RECENT:
-        del state.admitted[: len(state.admitted) - MAX_RECENT]
+    state.record_admission(now)
 
 
 def acquire(
@@ -128,49 +180,48 @@ def acquire(
     purge(state, now)
     spec = (rate, per, burst)
     current = (state.rate, state.per, state.burst)
-    if state.idle(now) or (not state.waiters and state.tat <= now):
+    waiting = state.has_waiters()
+    if not waiting and state.tat <= now:  # idle, or only recent admissions: the caller's rate
         state.rate, state.per, state.burst = spec
     elif current != spec:
         raise rate_conflict(name, current, spec)
-    index = next((i for i, w in enumerate(state.waiters) if w.holder == holder), None)
+    index = state.position(holder) if waiting else None
     conforms = now >= state.tat - state.tolerance
     if index == 0 and conforms:
-        del state.waiters[0]
+        state.drop_waiter(holder)
         _admit(state, now)
         return RateResult(True, None, now, 0.0, state.tat)
-    if index is None and not state.waiters and conforms:
+    if index is None and not waiting and conforms:
         _admit(state, now)
         return RateResult(True, None, now, 0.0, state.tat)
     if index is None:
         if not enqueue:
             return RateResult(
-                False, None, now, slot(state, len(state.waiters), now) - now, state.tat
+                False, None, now, slot(state, state.line_length(), now) - now, state.tat
             )
-        index = ranking.join(
-            state.waiters, RateWaiter(holder, now, 0.0), now, ranking.lead(priority, ageing)
+        index = state.join_line(
+            RateWaiter(holder, now, 0.0), now, ranking.lead(priority, ageing)
         )
         if index == 0 and conforms:  # it ranks ahead of everyone and its slot has come
-            del state.waiters[0]
+            state.drop_waiter(holder)
             _admit(state, now)
             return RateResult(True, None, now, 0.0, state.tat)
     due = slot(state, index, now)
-    state.waiters[index].expires_at = due + grace
+    state.set_expiry(holder, due + grace)
     return RateResult(False, index, now, max(0.0, due - now), state.tat)
 
 
 def leave(state: RateState, *, holder: str, now: float) -> bool:
     """Give up a place in line (a caller that timed out). False if it had none."""
     purge(state, now)
-    before = len(state.waiters)
-    state.waiters = [w for w in state.waiters if w.holder != holder]
-    return len(state.waiters) != before
+    return state.drop_waiter(holder)
 
 
 def status(state: RateState, *, name: str, now: float) -> RateStatus:
     purge(state, now)
     waiters = tuple(
         RateWaiterInfo(w.holder, i, w.joined_at, slot(state, i, now))
-        for i, w in enumerate(state.waiters)
+        for i, w in enumerate(state.line())
     )
     in_use = not state.idle(now)
     return RateStatus(
@@ -179,7 +230,7 @@ def status(state: RateState, *, name: str, now: float) -> RateStatus:
         per=state.per if in_use else None,
         burst=state.burst if in_use else None,
         waiters=waiters,
-        admitted=tuple(state.admitted),
+        admitted=tuple(state.admissions()),
         next_slot=slot(state, 0, now) if in_use else now,
         now=now,
     )

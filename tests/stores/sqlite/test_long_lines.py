@@ -9,6 +9,9 @@ step (59 ms per hand-over with 10,000 waiters, benchmarks/results/scale.md). Sho
 * the work of a hand-over does not grow with the line: SQLite's own count of virtual
   machine steps (``set_progress_handler``) for a release and the claim of the head is the
   same with 2 and with 3,000 waiters behind.
+
+A rate limit's line and recent admissions (``StoredRate``) are held to the same two
+promises.
 """
 
 from __future__ import annotations
@@ -242,4 +245,99 @@ def test_a_hand_over_does_the_same_work_whatever_the_line(tmp_path: Path) -> Non
     short = max(_hand_over_work(tmp_path, 2))
     long = max(_hand_over_work(tmp_path, 3000))
     # Reading the whole line made this about 240 times the short line's work.
+    assert long <= short * 1.5 + 5, (short, long)
+
+
+def test_a_rate_limits_stored_line_answers_as_the_reference_list(tmp_path: Path) -> None:
+    """The same for a rate limit's line and its recent admissions (``StoredRate``): slots
+    by position, priorities, entries lapsing past their grace, callers leaving, a newcomer
+    naming another rate refused, the name forgotten when idle."""
+    from turnstile._core import rate_machine
+    from turnstile.stores.sqlite.rate_store import SQLiteRates
+
+    rng = random.Random(11)
+    clock = Clock(1_800_000_000.0)
+    store = SQLiteStore(str(tmp_path / "rates.db"), clock=clock)
+    rates = SQLiteRates(store)
+    states: dict[str, rate_machine.RateState] = {}
+    holders = [f"h{i}" for i in range(300)]
+    seen: set[str] = set()
+    try:
+        for _ in range(3000):
+            clock.now += rng.choice([0.0, 0.001, 0.01, 0.05, 0.05, 0.2]) + (
+                40.0 if rng.random() < 0.002 else 0.0  # everybody's entry lapses
+            )
+            name = rng.choice(["slow", "fast"])
+            holder = rng.choice(holders)
+            state = states.setdefault(name, rate_machine.RateState())
+            now = clock()
+            if rng.random() < 0.8:
+                spec = {"slow": (2, 1.0, 1), "fast": (50, 1.0, 5)}[name]
+                if rng.random() < 0.03:
+                    spec = (spec[0] + 1, spec[1], spec[2])
+                kwargs: dict[str, Any] = dict(
+                    rate=spec[0],
+                    per=spec[1],
+                    burst=spec[2],
+                    enqueue=rng.random() < 0.9,
+                    grace=rng.choice([0.5, 30.0]),
+                    priority=rng.choice([0, 0, 0, 1, -1]),
+                    ageing=rng.choice([None, None, 0.5]),
+                )
+                try:
+                    want: Any = rate_machine.acquire(
+                        state, name=name, holder=holder, now=now, **kwargs
+                    )
+                except InvalidArgument as exc:
+                    want = ("refused", str(exc))
+                try:
+                    got: Any = rates.acquire(name, holder, **kwargs)
+                except InvalidArgument as exc:
+                    got = ("refused", str(exc))
+                if isinstance(want, tuple):
+                    seen.add("refused")
+                elif want.admitted:
+                    seen.add("admitted")
+                elif want.position is not None and want.position >= 40:
+                    seen.add("deep in line")
+            else:
+                want = rate_machine.leave(state, holder=holder, now=now)
+                got = rates.leave(name, holder)
+            assert got == want
+            for n, s in states.items():
+                assert rates.status(n) == rate_machine.status(s, name=n, now=now)
+        assert {"refused", "admitted", "deep in line"} <= seen, seen
+    finally:
+        store.close()
+
+
+def _admission_work(tmp_path: Path, waiters: int) -> list[int]:
+    from turnstile.stores.sqlite.rate_store import SQLiteRates
+
+    clock = Clock(1_800_000_000.0)
+    store = SQLiteStore(str(tmp_path / f"rate-{waiters}.db"), clock=clock)
+    rates = SQLiteRates(store)
+    try:
+        assert rates.acquire("r", "first", 1, 1.0, 1, True, 1e5).admitted
+        for i in range(waiters):
+            assert not rates.acquire("r", f"w{i}", 1, 1.0, 1, True, 1e5).admitted
+        work = []
+        for i in range(5):
+            clock.now += 1.0  # the head's slot has come
+            admitted: list[bool] = []
+
+            def admit(head: str = f"w{i}", admitted: list[bool] = admitted) -> None:
+                admitted.append(rates.acquire("r", head, 1, 1.0, 1, True, 1e5).admitted)
+
+            work.append(_vm_steps(store, admit))
+            assert admitted == [True]
+            rates.acquire("r", f"w{waiters + i}", 1, 1.0, 1, True, 1e5)  # the line stays long
+        return work
+    finally:
+        store.close()
+
+
+def test_an_admission_does_the_same_work_whatever_the_rate_limits_line(tmp_path: Path) -> None:
+    short = max(_admission_work(tmp_path, 2))
+    long = max(_admission_work(tmp_path, 3000))
     assert long <= short * 1.5 + 5, (short, long)
