@@ -341,3 +341,29 @@ def test_an_admission_does_the_same_work_whatever_the_rate_limits_line(tmp_path:
     short = max(_admission_work(tmp_path, 2))
     long = max(_admission_work(tmp_path, 3000))
     assert long <= short * 1.5 + 5, (short, long)
+
+
+def test_every_method_that_reads_the_reference_lists_is_answered_by_the_stored_state() -> None:
+    """The stored states leave the reference's lists empty: a method of the reference that
+    reads them and is not overridden would answer from an empty line, silently. So every
+    such method must have the stored state's own."""
+    import inspect
+
+    from turnstile._core import rate_machine
+    from turnstile.stores.sqlite.lock_store import StoredName
+    from turnstile.stores.sqlite.rate_store import StoredRate
+
+    pairs = [
+        (lock_machine.NameState, StoredName, ("self.waiters",)),
+        (rate_machine.RateState, StoredRate, ("self.waiters", "self.admitted")),
+    ]
+    for reference, stored, lists in pairs:
+        reading = {
+            name
+            for name, member in vars(reference).items()
+            if inspect.isfunction(member)
+            and not name.startswith("__")  # the dataclass's own, made without source
+            and any(attr in inspect.getsource(member) for attr in lists)
+        }
+        assert reading, reference
+        assert reading <= set(vars(stored)), (stored, sorted(reading - set(vars(stored))))
