@@ -496,8 +496,8 @@ class _StoredWaiter(lock_machine.WaiterRow):
 
 
 class StoredName(lock_machine.NameState):
-    """A name's state within one transaction: its limit and holders read at the start (at
-    most ``limit`` rows) and written back by ``_save``; its line left in
+    """A name's state within one transaction: its limit and holders read at the start (its
+    leases: a few rows) and written back by ``_save``; its line left in
     ``turnstile_waiters`` and reached through the table's indexes as the step goes (by
     holder, by (rank, seq), by expiry, by stamp), each change written at once. So a step
     costs the same on a line of two and of ten thousand, where reading the whole line into
