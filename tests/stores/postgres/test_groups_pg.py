@@ -169,3 +169,29 @@ def test_a_long_line_of_a_full_key_is_passed_over(pg_url: str) -> None:
         assert sorted(h.holder for h in client.status("busy").holders) == ["a1", "c0", "d0"]
     finally:
         client.close()
+
+
+def test_a_plain_grant_from_the_line_keeps_its_entrys_key(pg_url: str) -> None:
+    """lock_machine.promote carries a waiting entry's key to its grant, in a plain semaphore
+    too; the plain loop of _promote dropped it before schema version 16 (found by the
+    model-equivalence test with more seeds), while a grant made at once kept it."""
+    with turnstile.connect(pg_url) as client:
+        backend: Any = client.backend
+        name = f"plain-key-{unique()}"
+        first = backend.acquire(name, "A", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True,
+                                key="k0")
+        assert first.grant is not None
+        assert [h.key for h in backend.status(name).holders] == ["k0"]
+        task = callbacks.encode(callbacks.StepFunctionsCallback("task-c"))
+        for holder, callback in (("B", None), ("C", task)):
+            if callback is None:
+                backend.acquire(name, holder, limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True,
+                                key=f"k-{holder}")
+            else:
+                backend.acquire_callback(name, holder, limit=1, ttl=LONG, wait_ttl=LONG,
+                                         callback=callback, key=f"k-{holder}")
+        assert backend.release(name, "A", first.grant.token)
+        assert [(h.holder, h.key) for h in backend.status(name).holders] == [("B", "k-B")]
+        assert backend.release(name, "B", None)  # the callback waiter's grant, in the plain loop
+        assert [(h.holder, h.key) for h in backend.status(name).holders] == [("C", "k-C")]
+        backend.release(name, "C", None)

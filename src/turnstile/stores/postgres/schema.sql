@@ -365,6 +365,8 @@ $$;
 -- the front of the line is the least (rank, seq) (version 9). With p_per_key (version 10), a
 -- semaphore group's promotion: every waiter in line order whose key has fewer than
 -- p_per_key holders, while the total has room; waiters of full keys are skipped.
+-- A grant keeps the key its waiting entry named, in a plain semaphore too, as the
+-- state machine does (version 16; before, the plain loop dropped it).
 CREATE FUNCTION __SCHEMA__._promote(
     p_id bigint, p_name text, p_limit integer, p_now timestamptz, p_last bigint,
     p_quiet text, p_holders integer DEFAULT NULL, p_per_key integer DEFAULT NULL,
@@ -454,7 +456,7 @@ BEGIN
         WHERE d.seq = (SELECT f.seq FROM __SCHEMA__.waiters f WHERE f.name_id = p_id
                        ORDER BY f.rank, f.seq LIMIT 1)
         RETURNING d.seq, d.holder, d.ttl, d.wait_ttl, d.expires_at, d.channel, d.wake,
-                  d.callback INTO w;
+                  d.callback, d.group_key INTO w;
         EXIT WHEN NOT FOUND;
         CONTINUE WHEN w.expires_at <= p_now;
         o_last := greatest(o_last + 1, floor(extract(epoch FROM p_now) * 1000000)::bigint);
@@ -463,16 +465,18 @@ BEGIN
             -- Nobody to wake and nobody to claim it: claimed for its full ttl, its delivery
             -- pending, in this very transaction.
             INSERT INTO __SCHEMA__.holders
-                (name_id, holder, token, acquired_at, expires_at, claimed, callback, pending)
+                (name_id, holder, token, acquired_at, expires_at, claimed, callback, pending,
+                 group_key)
             VALUES (p_id, w.holder, o_last, p_now, p_now + w.ttl * interval '1 second', true,
-                    w.callback, true);
+                    w.callback, true, w.group_key);
             CONTINUE;
         END IF;
         v_exp := p_now + least(w.ttl, w.wait_ttl) * interval '1 second';
         -- A holder is never also waiting (acquire returns early for a holder), so this
         -- insert cannot conflict.
-        INSERT INTO __SCHEMA__.holders (name_id, holder, token, acquired_at, expires_at, claimed)
-        VALUES (p_id, w.holder, o_last, p_now, v_exp, false);
+        INSERT INTO __SCHEMA__.holders
+            (name_id, holder, token, acquired_at, expires_at, claimed, group_key)
+        VALUES (p_id, w.holder, o_last, p_now, v_exp, false, w.group_key);
         IF w.holder IS DISTINCT FROM p_quiet THEN
             IF w.channel IS NULL THEN
                 PERFORM pg_notify(__CHANNEL__, __SCHEMA__.wake_key(p_name, w.holder));
