@@ -22,8 +22,9 @@ class StoredRate(rate_machine.RateState):
     their tables and reached through indexes as the step goes, each change written at once
     (as :class:`~turnstile.stores.sqlite.lock_store.StoredName` does for a lock's line). So a
     step costs the same whatever the length of the line or the number of admissions in the
-    window. ``stored``: the name had a ``turnstile_rates`` row, which it has exactly while it
-    has waiter or admission rows."""
+    window. ``stored``: rows of this name may exist: it had a ``turnstile_rates`` row (which
+    it has exactly while it has waiter or admission rows), or this step wrote one; until
+    then nothing is asked of the tables."""
 
     __slots__ = ("_conn", "_name", "stored")
 
