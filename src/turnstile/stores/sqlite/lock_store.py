@@ -490,6 +490,28 @@ class SQLiteStore:
 _WAITER = "holder, ttl, wait_ttl, joined_at, expires_at, callback, rank, group_key, seq"
 
 
+def line_position(conn: sqlite3.Connection, table: str, name: str, holder: str) -> int | None:
+    """How many entries of ``name``'s line in ``table`` (a line in ``(rank, seq)`` order:
+    ``turnstile_waiters``, ``turnstile_rate_waiters``) stand before ``holder``'s; None if it
+    has none. Counts the index entries ahead (one step each, in SQLite's C), no rows read."""
+    found = conn.execute(
+        f"SELECT (SELECT count(*) FROM {table} AS a WHERE a.name = me.name"
+        "  AND (a.rank, a.seq) < (me.rank, me.seq))"
+        f" FROM {table} AS me WHERE me.name = ? AND me.holder = ?",
+        (name, holder),
+    ).fetchone()
+    return None if found is None else int(found[0])
+
+
+def newest_stamp(conn: sqlite3.Connection, table: str, name: str) -> int | None:
+    """The newest arrival stamp in ``name``'s line in ``table`` (ranking.stamp_of of its
+    ``joined_at``, by the index on ``(name, joined_at)``); None for an empty line."""
+    found = conn.execute(
+        f"SELECT joined_at FROM {table} WHERE name = ? ORDER BY joined_at DESC LIMIT 1", (name,)
+    ).fetchone()
+    return None if found is None else ranking.stamp_of(found[0])
+
+
 @dataclass(slots=True)
 class _StoredWaiter(lock_machine.WaiterRow):
     seq: int = 0  # the row's arrival number: the line is in (rank, seq) order
@@ -603,11 +625,7 @@ class StoredName(lock_machine.NameState):
     def join_line(self, row: lock_machine.WaiterRow, now: float, lead: int) -> None:
         newest = None
         if self._line_rows:
-            found = self._one(
-                "SELECT joined_at FROM turnstile_waiters WHERE name = ?"
-                " ORDER BY joined_at DESC LIMIT 1"
-            )
-            newest = None if found is None else ranking.stamp_of(found[0])
+            newest = newest_stamp(self._conn, "turnstile_waiters", self._name)
         ranking.place(row, now, newest, lead)
         # seq (AUTOINCREMENT) is the newest: behind every entry of its rank, as in the list.
         self._conn.execute(
@@ -637,14 +655,7 @@ class StoredName(lock_machine.NameState):
     def position(self, holder: str) -> int | None:
         if not self._line_rows:
             return None
-        # Counts the index entries ahead (one step each, in SQLite's C), no rows read.
-        found = self._one(
-            "SELECT (SELECT count(*) FROM turnstile_waiters AS a WHERE a.name = me.name"
-            "  AND (a.rank, a.seq) < (me.rank, me.seq))"
-            " FROM turnstile_waiters AS me WHERE me.name = ? AND me.holder = ?",
-            holder,
-        )
-        return None if found is None else int(found[0])
+        return line_position(self._conn, "turnstile_waiters", self._name, holder)
 
     def live_waiters(self, now: float) -> list[lock_machine.WaiterRow]:
         if not self._line_rows:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from ..._core import ranking, rate_machine
 from ..._core.records import RateResult, RateStatus
-from .lock_store import SQLiteStore
+from .lock_store import SQLiteStore, line_position, newest_stamp
 
 T = TypeVar("T")
 
@@ -55,14 +55,7 @@ class StoredRate(rate_machine.RateState):
     def position(self, holder: str) -> int | None:
         if not self.stored:
             return None
-        # Counts the index entries ahead (one step each, in SQLite's C), no rows read.
-        found = self._conn.execute(
-            "SELECT (SELECT count(*) FROM turnstile_rate_waiters AS a WHERE a.name = me.name"
-            "  AND (a.rank, a.seq) < (me.rank, me.seq))"
-            " FROM turnstile_rate_waiters AS me WHERE me.name = ? AND me.holder = ?",
-            (self._name, holder),
-        ).fetchone()
-        return None if found is None else int(found[0])
+        return line_position(self._conn, "turnstile_rate_waiters", self._name, holder)
 
     def purge_waiters(self, now: float) -> None:
         if self.stored:
@@ -81,12 +74,7 @@ class StoredRate(rate_machine.RateState):
     def join_line(self, row: rate_machine.RateWaiter, now: float, lead: int) -> int:
         newest = None
         if self.stored:
-            found = self._conn.execute(
-                "SELECT joined_at FROM turnstile_rate_waiters WHERE name = ?"
-                " ORDER BY joined_at DESC LIMIT 1",
-                (self._name,),
-            ).fetchone()
-            newest = None if found is None else ranking.stamp_of(found[0])
+            newest = newest_stamp(self._conn, "turnstile_rate_waiters", self._name)
         ranking.place(row, now, newest, lead)
         # seq (AUTOINCREMENT) is the newest: behind every entry of its rank, as in the list.
         self._write(
