@@ -595,24 +595,20 @@ class StoredName(lock_machine.NameState):
             return
         # Pages of growing size after the last entry given: promote usually needs the first
         # one or two; the caller may drop the entry it was given meanwhile.
-        rows = self._rows(
-            f"SELECT {_WAITER} FROM turnstile_waiters WHERE name = ?"
-            " ORDER BY rank, seq LIMIT 4"
-        )
+        after: tuple[int, ...] = ()  # none yet: from the front
         size = 4
-        while rows:
+        while True:
+            bound = " AND (rank, seq) > (?, ?)" if after else ""
+            rows = self._rows(
+                f"SELECT {_WAITER} FROM turnstile_waiters WHERE name = ?{bound}"
+                " ORDER BY rank, seq LIMIT ?",
+                *after,
+                size,
+            )
             yield from rows
             if len(rows) < size:
                 return
-            size = min(size * 8, 512)
-            last = rows[-1]
-            rows = self._rows(
-                f"SELECT {_WAITER} FROM turnstile_waiters WHERE name = ? AND (rank, seq) > (?, ?)"
-                " ORDER BY rank, seq LIMIT ?",
-                last.rank,
-                last.seq,
-                size,
-            )
+            after, size = (rows[-1].rank, rows[-1].seq), min(size * 8, 512)
 
     def drop_waiter(self, holder: str) -> bool:
         if not self._line_rows:
