@@ -180,6 +180,11 @@ def test_expiry_is_reported_by_status(client: turnstile.Client) -> None:
     assert st.holders[0].expires_at == pytest.approx(st.holders[0].acquired_at + ttl, abs=0.01)
     wait_until(lambda: not lock.status().holders, 30, what="lease expired")
     assert lease.lost
+    # Nothing has purged the expired lease yet: the name is idle all the same, on every
+    # store (the store shows no limit; the next acquire may name any limit).
+    st = client.status("crash:expiry")
+    assert (st.limit, st.holders, st.waiters) == (None, (), ())
+    assert "crash:expiry" not in client.names("crash:")
 
 
 def test_failing_on_lost_callback_is_contained(client: turnstile.Client) -> None:

@@ -508,10 +508,13 @@ def status(state: NameState, *, name: str, now: float) -> Status:
         (h for h in state.holders.values() if h.expires_at > now), key=lambda h: h.token
     )
     waiters = state.live_waiters(now)
+    # The limit is the name's while someone holds or waits: leases and entries that have
+    # expired but are not purged yet do not count (every store answers the same).
+    busy = bool(holders or waiters)
     return Status(
         name=name,
-        limit=state.limit if not state.empty else None,
-        per_key=state.per_key if not state.empty else None,
+        limit=state.limit if busy else None,
+        per_key=state.per_key if busy else None,
         holders=tuple(
             HolderInfo(
                 h.holder,

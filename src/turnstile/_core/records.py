@@ -89,7 +89,10 @@ class CallbackDelivery:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """A snapshot of one name: who holds it and who waits, in order."""
+    """A snapshot of one name: who holds it and who waits, in order. ``limit`` (and
+    ``per_key``) are the name's while it has an unexpired holder or waiter; ``None`` when it
+    is idle, including when its only leases or entries have expired and nothing has purged
+    them yet (every store answers the same)."""
 
     name: str
     limit: int | None

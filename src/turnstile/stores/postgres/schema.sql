@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 16): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 17): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0016) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0017) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -763,9 +763,10 @@ $$;
 
 -- lock_machine.release, as in version 1, in fewer statements (see the top of this file): the row
 -- locked inline; expired leases and ours dropped in one statement, which also counts the
--- holders left for the promotion; no sweep of the whole line (the promotion drops expired
--- waiting entries as it meets them at the front; one further back is never granted,
--- counted or shown, and the next acquire sweeps it); idle known from the promotion's count.
+-- holders left for the promotion; expired waiting entries dropped in the same statement
+-- (version 17, found through the waiters_expiry index of version 16, so without reading the
+-- rest of the line), as lock_machine.release purges first; idle known from the promotion's
+-- count.
 CREATE FUNCTION __SCHEMA__.release(
     p_name text, p_holder text, p_token bigint, p_now timestamptz DEFAULT NULL)
 RETURNS boolean
@@ -819,11 +820,15 @@ BEGIN
             WHERE h.name_id = v_id
               AND (h.expires_at <= v_now OR (h.holder = p_holder AND h.token = p_token))
             RETURNING h.holder, h.expires_at),
+        purged AS (  -- expired waiting entries too, as every step does first (version 17)
+            DELETE FROM __SCHEMA__.waiters w
+            WHERE w.name_id = v_id AND w.expires_at <= v_now),
         c AS (
             SELECT count(*) FILTER (WHERE g.holder = p_holder AND g.expires_at > v_now) AS mine,
                    (SELECT count(*) FROM __SCHEMA__.holders h WHERE h.name_id = v_id)
                    - count(*) AS left_,
-                   EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) AS line
+                   EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
+                           WHERE w.name_id = v_id AND w.expires_at > v_now) AS line
             FROM gone g),
         idle AS (
             UPDATE __SCHEMA__.names n
@@ -850,6 +855,7 @@ BEGIN
         DELETE FROM __SCHEMA__.waiters w
         WHERE w.name_id = v_id AND w.holder = p_holder AND w.expires_at > v_now;
         GET DIAGNOSTICS v_waiting = ROW_COUNT;
+        DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
     END IF;
     SELECT p.o_last, p.o_holders INTO v_last, v_holders
     FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL, v_holders, v_per_key) p;
@@ -1195,7 +1201,6 @@ DECLARE
     v_id bigint;
     v_lim integer;
     v_per_key integer;
-    v_inline text;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
     now := extract(epoch FROM v_now);
@@ -1205,16 +1210,10 @@ BEGIN
     waiter_callbacks := '[]';
     holder_keys := '[]';
     waiter_keys := '[]';
-    SELECT n.id, n.lim, n.per_key, n.h_holder INTO v_id, v_lim, v_per_key, v_inline
+    SELECT n.id, n.lim, n.per_key INTO v_id, v_lim, v_per_key
     FROM __SCHEMA__.names n WHERE n.key = sha256(convert_to(p_name, 'UTF8'));
     IF NOT FOUND THEN
         RETURN;
-    END IF;
-    IF v_inline IS NOT NULL
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.holders h WHERE h.name_id = v_id)
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name_id = v_id) THEN
-        lim := v_lim;
-        per_key := v_per_key;
     END IF;
     SELECT coalesce(json_agg(json_build_array(h.holder, h.token, extract(epoch FROM h.acquired_at),
                                               extract(epoch FROM h.expires_at))
@@ -1240,6 +1239,12 @@ BEGIN
            coalesce(json_agg(w.group_key ORDER BY w.rank, w.seq), '[]')
     INTO waiters, waiter_callbacks, waiter_keys
     FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at > v_now;
+    -- The limit is the name's while someone holds or waits (version 17): expired rows that
+    -- no step has purged yet do not count, as in lock_machine.status.
+    IF json_array_length(holders) > 0 OR json_array_length(waiters) > 0 THEN
+        lim := v_lim;
+        per_key := v_per_key;
+    END IF;
 END
 $$;
 
