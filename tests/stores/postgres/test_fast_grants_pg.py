@@ -192,11 +192,13 @@ def test_an_expired_fast_grant_is_taken_over_with_a_larger_token(
         client.close()
 
 
-def test_idle_names_are_forgotten_after_a_day_only(pg_url: str) -> None:
+@pytest.mark.parametrize("prepare", ["on", "off"])
+def test_idle_names_are_forgotten_after_a_day_only(pg_url: str, prepare: str) -> None:
     """A name idle with no grant for a day is forgotten when new names are made; one whose
     idle_since hint is old but which was granted (fast) recently is kept, and moved out of
-    the forgetter's way."""
-    client = turnstile.connect(pg_url)
+    the forgetter's way. prepare=on makes the new name with acquire_fresh (one INSERT),
+    prepare=off with the acquire function."""
+    client = turnstile.connect(f"{pg_url}{'&' if '?' in pg_url else '?'}prepare={prepare}")
     backend: Any = client.backend
     schema = backend.config.schema
     day = 86400.0
@@ -221,3 +223,63 @@ def test_idle_names_are_forgotten_after_a_day_only(pg_url: str) -> None:
             assert hint == datetime.datetime.fromtimestamp(token / 1e6, tz=datetime.UTC)
     finally:
         client.close()
+
+
+def test_a_new_name_is_made_and_granted_by_one_insert(pg_url: str) -> None:
+    """prepare=on: a name the client has not acquired goes by acquire_fresh. A new name's row
+    is made with the fast grant in it (no holders row: the acquire function did not run); on
+    a name that has its row, another client's first acquire is a fast grant when it is idle
+    and waits in line when it is busy, as acquire_fast would."""
+    one = turnstile.connect(f"{pg_url}&prepare=on")
+    two = turnstile.connect(f"{pg_url}&prepare=on")
+    a: Any = one.backend
+    b: Any = two.backend
+    schema = a.config.schema
+    try:
+        with psycopg.connect(a.config.conninfo, autocommit=True) as conn:
+            g = a.acquire("new", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert g.grant is not None and "new" in a._known
+            busy, inline, token, hint = _row(conn, schema, "new")
+            assert (busy, inline, token, hint) == (True, "h1", g.grant.token, None)
+            assert _holders(conn, schema, "new") == []
+            # Busy: the other client (which has not seen the name) joins the line.
+            w = b.acquire("new", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert w.grant is None and w.position == 0 and "new" in b._known
+            assert a.release("new", "h1", g.grant.token)
+            assert [h.holder for h in one.status("new").holders] == ["h2"]
+            assert b.release("new", "h2", None)
+            # Idle, with its row: a third client's first acquire is a fast grant, token up.
+            three = turnstile.connect(f"{pg_url}&prepare=on")
+            try:
+                again = three.backend.acquire(
+                    "new", "h3", limit=2, ttl=LONG, wait_ttl=LONG, enqueue=True
+                )
+                assert again.grant is not None and again.grant.token > g.grant.token
+                assert _row(conn, schema, "new")[:2] == (True, "h3")
+                assert one.status("new").limit == 2  # an idle name takes the caller's limit
+            finally:
+                three.close()
+    finally:
+        one.close()
+        two.close()
+
+
+def test_the_names_a_client_remembers_are_bounded(pg_url: str, monkeypatch: Any) -> None:
+    from turnstile._sync.backends import postgres as backend_module
+
+    monkeypatch.setattr(backend_module, "KNOWN_MAX", 3)
+    client = turnstile.connect(f"{pg_url}&prepare=on")
+    backend: Any = client.backend
+    try:
+        for name in "abcde":
+            g = backend.acquire(name, "h", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert backend.release(name, "h", g.grant.token)
+        assert list(backend._known) == ["c", "d", "e"]
+    finally:
+        client.close()
+    off = turnstile.connect(f"{pg_url}&prepare=off")
+    try:
+        g = off.backend.acquire("f", "h", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert g.grant is not None and not off.backend._known  # the function: no hint kept
+    finally:
+        off.close()

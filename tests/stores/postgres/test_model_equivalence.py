@@ -215,14 +215,29 @@ class Reference:
         return sorted(live)[:max_count]
 
 
-@pytest.mark.parametrize("prepare", ["off", "on"])
+class _Forgetful(dict):  # type: ignore[type-arg]
+    """A backend's ``_known`` that never knows a name: every acquire sends acquire_fresh."""
+
+    def __contains__(self, key: object) -> bool:
+        return False
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("prepare", ["off", "on", "fresh"])
 @pytest.mark.parametrize("seed", [*range(6), 12, 47])
 def test_sql_functions_follow_the_model(pg_url: str, seed: int, prepare: str) -> None:
     """prepare=on: acquire and release as the plain statements of queries.sql (their fast
-    paths inline, the functions called when those do not apply)."""
+    paths inline, the functions called when those do not apply): acquire_fresh for a name's
+    first acquire by the client, acquire_fast after. "fresh": acquire_fresh every time (as a
+    client that has not seen the name sends it, whatever state the name is in)."""
     rng = random.Random(seed)
-    client = turnstile.connect(f"{pg_url}{'&' if '?' in pg_url else '?'}prepare={prepare}")
+    on = "on" if prepare == "fresh" else prepare
+    client = turnstile.connect(f"{pg_url}{'&' if '?' in pg_url else '?'}prepare={on}")
     backend: Any = client.backend
+    if prepare == "fresh":
+        backend._known = _Forgetful()
     clock = [T0]
     backend.clock_override = lambda: clock[0]
     listen = psycopg.connect(backend.config.conninfo, autocommit=True)

@@ -98,7 +98,8 @@ def test_a_statement_the_server_connection_already_has_is_used(
     """42P05 (a server connection that already has the name, as another client connection
     behind the same pooler may have left it): same name, same text, so it is adopted."""
     lock = client.lock("dup", ttl=30)
-    lock.acquire(timeout=5).release()
+    lock.acquire(timeout=5).release()  # acquire_fresh: the client had not seen the name
+    lock.acquire(timeout=5).release()  # acquire_fast
     before = _server_names(client)
     with _connection(client).borrow() as conn:
         prepared.recover(conn, prepared.MISSING)  # the cache forgets; the server keeps them

@@ -48,6 +48,8 @@ from .postgres_listen import ARMED_FIRST, AsyncListener, AsyncPostgresWaiter
 
 # Steps that put a holder in line, remembered until its waiter is armed: at most this many.
 MARKS_MAX = 4096
+# How many names a client remembers having acquired (AsyncPostgresBackend._known).
+KNOWN_MAX = 4096
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
@@ -79,6 +81,12 @@ class AsyncPostgresBackend:
         self.config = connection.config
         self.connection = connection
         self._q = {name: connection.query(name) for name in pg.QUERIES}
+        # Names this client acquired lately (at most KNOWN_MAX, oldest dropped first): their
+        # rows exist, so acquire sends acquire_fast (an UPDATE); any other name gets
+        # acquire_fresh, which also makes the row of a new name in the same statement. Only
+        # a hint: both statements answer every case (queries.sql).
+        self._known: dict[str, None] = {}
+        self._known_max = KNOWN_MAX if self.config.prepare else 0
         # (name, holder) -> (listener, its mark before the step that put holder in line, when
         # that place lapses unless stepped again): what open_waiter checks, since the waiter
         # arms after that step.
@@ -190,8 +198,17 @@ class AsyncPostgresBackend:
         key: str | None = None,
         per_key: int | None = None,
     ) -> Any:
+        statement = self._q["acquire"]
+        known = self._known
+        if self._known_max and name not in known:
+            statement = self._q["acquire_fresh"]
+            known[name] = None
+            # Safe from several threads, as _remember: a concurrent eviction is skipped.
+            with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+                while len(known) > self._known_max:
+                    del known[next(iter(known))]
         return await self._run(
-            self._q["acquire"],
+            statement,
             {
                 "name": name,
                 "holder": holder,

@@ -54,6 +54,55 @@ FROM (SELECT true AS granted, f.last_token AS token,
       WHERE NOT EXISTS (SELECT 1 FROM fast)) r
 WHERE __RELAXED__
 
+-- name: acquire_fresh
+-- With prepare=on: acquire_fast for a name this client has not acquired lately (it may have
+-- no row yet: each order of a webhook feed is a new name). One INSERT makes the row of a new
+-- name with the caller's fast grant in it; on a name that has a row, ON CONFLICT does what
+-- acquire_fast's UPDATE does (a fast grant on an idle name, the row locked and checked on
+-- its newest version; the clock read after the lock); on a busy one (nothing inserted or
+-- updated) the acquire function, as there. A new row also forgets a few names idle for a
+-- day (_forget_idle), as the function does when it makes one. acquire_fast is the cheaper
+-- statement on a name that has its row (no INSERT tried, no identity value drawn), so the
+-- client sends this one only for names it has not seen (see the backend's _known).
+WITH fast AS (
+    INSERT INTO __SCHEMA__.names AS n
+        (key, name, lim, last_token, per_key, busy, h_holder, h_acquired, h_expires, h_key)
+    SELECT sha256(convert_to(%(name)s::text, 'UTF8')), %(name)s::text, %(limit)s::integer,
+           greatest(1, floor(extract(epoch FROM k.t) * 1000000)::bigint),
+           %(per_key)s::integer, true, %(holder)s::text, k.t,
+           k.t + %(ttl)s::float8 * interval '1 second', %(key)s::text
+    FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k
+    ON CONFLICT (key) DO UPDATE
+    SET (last_token, h_acquired, h_expires) = (
+            SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
+            FROM (SELECT greatest(n.last_token + 1,
+                                  floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
+                         k.t
+                  FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c),
+        lim = excluded.lim, per_key = excluded.per_key, busy = true,
+        h_holder = excluded.h_holder, h_key = excluded.h_key
+    WHERE NOT n.busy
+    RETURNING n.last_token, n.h_acquired, n.h_expires, n.xmax = 0 AS inserted)
+SELECT r.granted, r.token, r.acquired_at, r.expires_at, r.queue_position, r.now, r.retry_after,
+       r.wait_id
+FROM (SELECT true AS granted, f.last_token AS token,
+             extract(epoch FROM f.h_acquired)::float8 AS acquired_at,
+             extract(epoch FROM f.h_expires)::float8 AS expires_at,
+             NULL::integer AS queue_position, extract(epoch FROM f.h_acquired)::float8 AS now,
+             NULL::float8 AS retry_after, NULL::bigint AS wait_id
+      FROM fast f
+      WHERE NOT f.inserted
+         OR (SELECT count(*) FROM __SCHEMA__._forget_idle(f.h_acquired)) >= 0
+      UNION ALL
+      SELECT a.granted, a.token, a.acquired_at, a.expires_at, a.queue_position, a.now,
+             a.retry_after, a.wait_id
+      FROM __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
+                              %(ttl)s::float8, %(wait_ttl)s::float8, %(enqueue)s::boolean,
+                              %(now)s::timestamptz, %(channel)s::text, %(wake)s::text,
+                              %(lead)s::bigint, %(key)s::text, %(per_key)s::integer) a
+      WHERE NOT EXISTS (SELECT 1 FROM fast)) r
+WHERE __RELAXED__
+
 -- name: release_fast
 -- With prepare=on (the default): release as one plain statement (schema version 12),
 -- release's fastest path inline: when the caller is the name's fast holder (so nobody else

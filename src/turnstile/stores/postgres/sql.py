@@ -75,8 +75,8 @@ DURABILITIES = ("durable", "relaxed")
 # only goes uncounted (the next ones may come that much sooner), as a relaxed grant may be
 # forgotten; rate_status writes nothing.
 RELAXABLE = frozenset(
-    {"acquire", "release", "acquire_fast", "release_fast", "renew", "set_limit", "rate_acquire",
-     "rate_leave"}
+    {"acquire", "release", "acquire_fast", "acquire_fresh", "release_fast", "renew", "set_limit",
+     "rate_acquire", "rate_leave"}
 )
 # Where a statement that cannot be wrapped in the "relaxed" query puts the setting: a filter
 # on the one row it returns, so it is evaluated exactly once, in the statement's transaction.
