@@ -181,11 +181,7 @@ class NameState:
 
     def drop_waiter(self, holder: str) -> bool:
         """Take ``holder``'s entry out of the line; whether it had one."""
-        for index, w in enumerate(self.waiters):
-            if w.holder == holder:
-                del self.waiters[index]
-                return True
-        return False
+        return ranking.drop(self.waiters, holder)
 
     def join_line(self, row: WaiterRow, now: float, lead: int) -> None:
         """Put a new entry in line by rank (``ranking.join``: sets its stamp and rank)."""
@@ -196,7 +192,7 @@ class NameState:
 
     def position(self, holder: str) -> int | None:
         """How many entries stand before ``holder``'s (None: it has none)."""
-        return next((i for i, w in enumerate(self.waiters) if w.holder == holder), None)
+        return ranking.position(self.waiters, holder)
 
     def live_waiters(self, now: float) -> list[WaiterRow]:
         """Every entry not expired by ``now``, front to back."""

@@ -25,6 +25,7 @@ its own caller's value.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 STRICT_LEVEL_US = 1 << 42
@@ -57,6 +58,16 @@ class Ranked(Protocol):
 R = TypeVar("R", bound=Ranked)
 
 
+class Waiting(Protocol):
+    """A waiting entry, known by its holder."""
+
+    @property
+    def holder(self) -> str: ...
+
+
+W = TypeVar("W", bound=Waiting)
+
+
 def place(row: Ranked, now: float, newest: int | None, lead: int) -> None:
     """Set a joining entry's ``joined_at`` (its stamp) and ``rank``, ``newest`` being the
     newest stamp in its line (None: an empty line)."""
@@ -74,3 +85,17 @@ def join(line: list[R], row: R, now: float, lead: int) -> int:
         index -= 1
     line.insert(index, row)
     return index
+
+
+def position(line: Sequence[Waiting], holder: str) -> int | None:
+    """How many entries stand before ``holder``'s in ``line`` (None: it has none)."""
+    return next((i for i, w in enumerate(line) if w.holder == holder), None)
+
+
+def drop(line: list[W], holder: str) -> bool:
+    """Take ``holder``'s entry out of ``line``; whether it had one."""
+    index = position(line, holder)
+    if index is None:
+        return False
+    del line[index]
+    return True

@@ -80,18 +80,14 @@ class RateState:
 
     def position(self, holder: str) -> int | None:
         """How many entries stand before ``holder``'s (None: it has none)."""
-        return next((i for i, w in enumerate(self.waiters) if w.holder == holder), None)
+        return ranking.position(self.waiters, holder)
 
     def purge_waiters(self, now: float) -> None:
         self.waiters = [w for w in self.waiters if w.expires_at > now]
 
     def drop_waiter(self, holder: str) -> bool:
         """Take ``holder``'s entry out of the line; whether it had one."""
-        for index, w in enumerate(self.waiters):
-            if w.holder == holder:
-                del self.waiters[index]
-                return True
-        return False
+        return ranking.drop(self.waiters, holder)
 
     def join_line(self, row: RateWaiter, now: float, lead: int) -> int:
         """Put a new entry in line by rank (``ranking.join``); its position."""
