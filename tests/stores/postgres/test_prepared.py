@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import turnstile
-from turnstile.stores.postgres import prepared
+from turnstile.stores.postgres import prepared, wire
 
 from ._util import client_connection, small_client
 
@@ -127,9 +127,23 @@ def test_a_server_side_that_keeps_losing_statements_turns_preparing_off(
     warnings = [r for r in caplog.records if "unprepared" in r.getMessage()]
     assert len(warnings) == 1
     assert "prepare=off" in warnings[0].getMessage()
-    # From now on nothing is prepared, and acquire and release are the function calls.
+    # From now on nothing is prepared, and acquire and release are the function calls, for
+    # a name the client knows (acquire_fast) and for one it has not seen (acquire_fresh).
     _on_the_connection(client, b"DEALLOCATE ALL")
+    sent: list[str] = []
+    parse = wire.parse
+
+    def recording(query: str) -> Any:
+        sent.append(query)
+        return parse(query)
+
+    monkeypatch.setattr(wire, "parse", recording)
     with lock.acquire(timeout=5):
         pass
+    with client.lock("flaky-new", ttl=30).acquire(timeout=5):
+        pass
+    monkeypatch.undo()
     assert _server_names(client) == set()
     assert conn.prepare_misses == 3
+    steps = [q for q in sent if ".acquire(" in q or ".release(" in q]
+    assert len(steps) == 4 and all(q.lstrip().startswith("SELECT") for q in steps), sent

@@ -88,7 +88,7 @@ class AsyncPostgresConnection:
         # already had, then off, with acquire and release sent as their function calls.
         self.preparing = config.prepare
         self.prepare_misses = 0
-        self._unprepared = {config.statement(n): config.query(n) for n in ("acquire", "release")}
+        self._unprepared = {config.query(p): config.query(f) for p, f in pg.UNPREPARED.items()}
 
     def queues(self) -> AsyncPostgresQueueBackend:
         """The queue operations in this schema, sharing this connection."""
