@@ -852,10 +852,14 @@ BEGIN
         SELECT count(*) FILTER (WHERE g.holder = p_holder AND g.expires_at > v_now),
                (SELECT count(*) FROM __SCHEMA__.holders h WHERE h.name_id = v_id) - count(*)
         INTO v_mine, v_holders FROM gone g;
-        DELETE FROM __SCHEMA__.waiters w
-        WHERE w.name_id = v_id AND w.holder = p_holder AND w.expires_at > v_now;
-        GET DIAGNOSTICS v_waiting = ROW_COUNT;
-        DELETE FROM __SCHEMA__.waiters w WHERE w.name_id = v_id AND w.expires_at <= v_now;
+        -- Expired waiting entries too (version 17), and ours (counted only if it had not
+        -- expired), in one statement as the leases above.
+        WITH gone AS (
+            DELETE FROM __SCHEMA__.waiters w
+            WHERE w.name_id = v_id AND (w.expires_at <= v_now OR w.holder = p_holder)
+            RETURNING w.holder, w.expires_at)
+        SELECT count(*) FILTER (WHERE g.holder = p_holder AND g.expires_at > v_now)
+        INTO v_waiting FROM gone g;
     END IF;
     SELECT p.o_last, p.o_holders INTO v_last, v_holders
     FROM __SCHEMA__._promote(v_id, p_name, v_lim, v_now, v_last, NULL, v_holders, v_per_key) p;
