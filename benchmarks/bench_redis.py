@@ -165,7 +165,7 @@ def commands_table(results: list[HandoverResult]) -> str:
     labels = [r.label for r in results if r.per_grant and r.processes == results[0].processes]
     headers = ["lock"]
     for waiters in groups:
-        headers += [f"{waiters} waiters: commands / grant", "EVALSHA", "BLPOP"]
+        headers += [f"{waiters} waiters: commands / grant", "EVALSHA + FCALL", "BLPOP"]
     rows = []
     for label in labels:
         row: list[Any] = [label]
@@ -174,7 +174,7 @@ def commands_table(results: list[HandoverResult]) -> str:
             pg = r.per_grant if r is not None else {}
             row += [
                 pg.get("Redis commands", math.nan),
-                pg.get("EVALSHA", math.nan),
+                pg.get("scripts", math.nan),
                 pg.get("BLPOP", math.nan),
             ]
         rows.append(row)
@@ -238,14 +238,13 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             )
             steps = results.get("costs", {}).get("steps", {})
             release = steps.get("release, hands over to the waiter (library)")
-            helpers = steps.get("EVALSHA that makes the library's helpers and returns")
-            trivial = steps.get("EVALSHA of `return 1`")
-            if release and helpers and trivial:
+            scripted = steps.get("release, hands over to the waiter (library)" + _AS_SCRIPT)
+            if release and scripted:
                 text += (
                     f": it ran {fmt(release['p50_us'], 0)} µs on the server (p50, *Server "
-                    f"time per script* below), {fmt(helpers['mean_us'] - trivial['mean_us'], 0)}"
-                    " µs of which made the script library's helper functions, which a Redis 7 "
-                    "function library (FUNCTION LOAD / FCALL) would make once. Against "
+                    "time per step* below) as a function of Turnstile's Redis 7 library, "
+                    f"{fmt(scripted['p50_us'], 0)} µs as a script, which makes the library's "
+                    "helper functions at every call. Against "
                     f"{'the bare row' if met_with else 'a'} gap of "
                     f"{fmt(ts.gap_p50_ms if met_with else tw.gap_p50_ms)} ms that is not the "
                     "difference: the rest is the "
@@ -357,9 +356,10 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             "- Redis commands per handover constant from 2 to 32 waiters: "
             f"**{'met' if spread <= 0.1 else 'missed'}** ("
             + ", ".join(f"{w} waiters: {fmt(v, 1)}" for w, v in cmd_groups.items() if v)
-            + " commands per grant, counting those inside scripts; EVALSHA per grant "
+            + " commands per grant, counting those inside scripts; scripts (EVALSHA or "
+            + "FCALL) per grant "
             + ", ".join(
-                fmt(by[TURNSTILE].per_grant.get("EVALSHA", math.nan)) for by in groups.values()
+                fmt(by[TURNSTILE].per_grant.get("scripts", math.nan)) for by in groups.values()
             )
             + ")."
         )
@@ -409,22 +409,54 @@ _STEPS = (
 )
 
 
+_SCRIPT_CALLS = ("cmdstat_evalsha", "cmdstat_fcall")
+
+
 def _script_stats(r: Any) -> tuple[int, float, int]:
-    """EVALSHA calls and their server time (µs) so far, and the calls of every other
-    command but BLPOP and INFO (those a script ran, in this measurement)."""
+    """Script and function calls (EVALSHA, FCALL) and their server time (µs) so far, and the
+    calls of every other command but BLPOP and INFO (those a script ran, in this
+    measurement)."""
     stats = r.info("commandstats")
-    evalsha = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+    runs = [stats.get(k, {"calls": 0, "usec": 0}) for k in _SCRIPT_CALLS]
     others = sum(
         v["calls"]
         for k, v in stats.items()
-        if k not in ("cmdstat_evalsha", "cmdstat_blpop", "cmdstat_info")
+        if k not in (*_SCRIPT_CALLS, "cmdstat_blpop", "cmdstat_info")
     )
-    return int(evalsha["calls"]), float(evalsha["usec"]), others
+    return sum(int(v["calls"]) for v in runs), sum(float(v["usec"]) for v in runs), others
 
 
 def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
-    """Server time of Turnstile's lock scripts, step by step, from `INFO commandstats` read
-    before and after each step (a script's time includes the commands it ran). Run in one
+    """Server time of Turnstile's lock steps, as functions (FCALL, the default on Redis 7) and
+    as scripts (EVALSHA, ``functions=off``): see :func:`_step_costs`, run for each, plus the
+    reference rows."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        costs = _step_costs(redis_url, prefix, cycles, r, functions=True)
+        as_scripts = _step_costs(redis_url, prefix + "s:", cycles, r, functions=False)
+    finally:
+        r.close()
+    for step, row in as_scripts["steps"].items():
+        if step in _STEPS:
+            costs["steps"][step + _AS_SCRIPT] = row
+    return costs
+
+
+_AS_SCRIPT = ", as a script (functions=off)"
+_REFERENCES = (
+    "EVALSHA of `return 1`",
+    "FCALL of a function that returns 1",
+    "EVALSHA that makes the library's helpers and returns",
+)
+
+
+def _step_costs(
+    redis_url: str, prefix: str, cycles: int, r: Any, *, functions: bool
+) -> dict[str, Any]:
+    """Server time of Turnstile's lock steps, step by step, from `INFO commandstats` read
+    before and after each step (a step's time includes the commands it ran). Run in one
     process while nothing else uses the server.
 
     Each cycle: holder A takes an idle name; B asks from a thread and joins the line (the
@@ -437,16 +469,14 @@ def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
     import threading
     from importlib import resources
 
-    import redis
-
     import turnstile
     from turnstile.stores.redis import keys
 
     folder = resources.files("turnstile.stores.redis").joinpath("lua", "lock")
     library = "\n".join(folder.joinpath(f).read_text("utf-8") for f in ("_head.lua", "_lib.lua"))
-    r = redis.Redis.from_url(redis_url)
-    client_a = turnstile.connect(f"{redis_url}?prefix={prefix}cost:")
-    client_b = turnstile.connect(f"{redis_url}?prefix={prefix}cost:")
+    mode = "" if functions else "&functions=off"
+    client_a = turnstile.connect(f"{redis_url}?prefix={prefix}cost:{mode}")
+    client_b = turnstile.connect(f"{redis_url}?prefix={prefix}cost:{mode}")
     base, name_keys = keys.KeyCache(f"{prefix}cost:").get("reference")
     queued = threading.Event()
 
@@ -482,14 +512,17 @@ def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
         for _ in range(3):  # warm up: scripts loaded, connections open
             client_a.lock("warm").acquire().release()
         trivial, helpers = r.script_load("return 1"), r.script_load(library + "\nreturn 1")
-        references: tuple[tuple[str, Callable[[], Any]], ...] = (
-            ("EVALSHA of `return 1`", lambda: r.evalsha(trivial, 0)),
-            (
-                "EVALSHA that makes the library's helpers and returns",
-                lambda: r.evalsha(helpers, len(name_keys), *name_keys, base),
-            ),
+        r.function_load(
+            "#!lua name=turnstile_bench_reference\n"
+            "redis.register_function('turnstile_bench_one', function() return 1 end)",
+            replace=True,
         )
-        for label, call in references:
+        references: tuple[tuple[str, Callable[[], Any]], ...] = (
+            (_REFERENCES[0], lambda: r.evalsha(trivial, 0)),
+            (_REFERENCES[1], lambda: r.fcall("turnstile_bench_one", 0)),
+            (_REFERENCES[2], lambda: r.evalsha(helpers, len(name_keys), *name_keys, base)),
+        )
+        for label, call in references if functions else ():
             calls, usec, _ = _script_stats(r)
             for _ in range(cycles):
                 call()
@@ -511,6 +544,8 @@ def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
         log.setLevel(level)
         client_a.close()
         client_b.close()
+        if functions:
+            r.function_delete("turnstile_bench_reference")
     rows = {label: {"calls": cycles, "mean_us": v, "commands": 0} for label, v in reference.items()}
     for step in _STEPS:
         if times[step]:
@@ -524,11 +559,7 @@ def script_costs(redis_url: str, prefix: str, cycles: int) -> dict[str, Any]:
 
 
 def costs_table(costs: dict[str, Any]) -> str:
-    order = [
-        "EVALSHA of `return 1`",
-        "EVALSHA that makes the library's helpers and returns",
-        *_STEPS,
-    ]
+    order = [*_REFERENCES, *(s for step in _STEPS for s in (step, step + _AS_SCRIPT))]
     rows = []
     for step in order:
         row = costs["steps"].get(step)
@@ -587,11 +618,11 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
             "## Redis commands per grant, by number of waiters",
             "",
             "`INFO commandstats` differences over each handover run divided by its grants: "
-            "every command the server ran, those inside Lua scripts included, and the EVALSHA "
-            "and BLPOP calls clients sent. For Turnstile a grant after waiting costs two "
-            "scripts — the waiter's first acquire step (joins the line) and the holder's "
-            "release (hands over and pushes the wake-up, which carries the grant) — and one "
-            "BLPOP.",
+            "every command the server ran, those inside Lua scripts included, and the script "
+            "(EVALSHA, FCALL) and BLPOP calls clients sent. For Turnstile a grant after "
+            "waiting costs two steps (functions, FCALL, on this Redis 7 server) — the "
+            "waiter's first acquire step (joins the line) and the holder's release (hands "
+            "over and pushes the wake-up, which carries the grant) — and one BLPOP.",
             "",
             commands_table(results["handover"]),
             "",
@@ -599,18 +630,21 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
     if results.get("costs"):
         costs = results["costs"]
         out += [
-            "## Server time per script",
+            "## Server time per step",
             "",
-            f"Redis' `SLOWLOG` with a threshold of 0 over {costs['cycles']} cycles in one "
+            f"Redis' `INFO commandstats`, read before and after each step, over "
+            f"{costs['cycles']} cycles in one "
             "process, on this run's server after the runs above: each cycle one holder takes "
             "an idle name, a second asks from a thread and joins the line, the first releases "
             "(handing over) and the second releases. Durations are the server's own, in "
-            "microseconds, for the whole script (the commands inside included); *commands "
-            "inside* counts what the script called. The two reference rows are what an "
-            "`EVALSHA` costs before it does anything: a script that returns at once, and one "
-            "that only makes the lock library's helper functions, which every step that does "
-            "not finish on a fast path makes first (a Redis 7 function library would make "
-            "them once, at load).",
+            "microseconds, for the whole step (the commands inside included); *commands "
+            "inside* counts what the step called. Each step is measured as Turnstile runs it "
+            "on Redis 7, a function of its library (FCALL), and as a script (EVALSHA, the URL "
+            "option `functions=off`, and what a server before Redis 7 runs). The reference "
+            "rows are what a call costs before it does anything: a script and a function "
+            "that return at once, and a script that only makes the lock library's helper "
+            "functions, which every script that does not finish on a fast path makes first "
+            "and a function library makes once, when it is loaded.",
             "",
             costs_table(costs),
             "",
@@ -699,8 +733,8 @@ class RedisBench(LockBench):
             "missing": missing,
             **self.run_locks(args, main, sizes),
         }
-        if not args.redis_url:  # SLOWLOG is configured: only on a server of our own
-            progress("server time per script (SLOWLOG)")
+        if not args.redis_url:  # loads functions and scripts: only on a server of our own
+            progress("server time per step (INFO commandstats)")
             results["costs"] = script_costs(redis_url, prefix, 20 if quick else 500)
         return results
 

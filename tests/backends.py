@@ -66,6 +66,58 @@ def _redis_cleanup(server: str, uid: str) -> None:
     client.close()
 
 
+def _redis_admin(server: str) -> object:
+    import redis
+    from redis.cluster import RedisCluster
+
+    if server.startswith("redis+cluster://"):
+        return RedisCluster.from_url(server.replace("redis+cluster://", "redis://", 1))
+    return redis.Redis.from_url(server)
+
+
+def redis_library_servers() -> list[str]:
+    """The given Redis servers on which this session found no Turnstile lock library of this
+    release: the tests' clients load it there (FUNCTION LOAD), so the session deletes it at
+    its end (:func:`delete_redis_library`). A server that already had it keeps it."""
+    from turnstile.stores.redis import scripts
+
+    built = scripts.library("lock")
+    found = []
+    for env in ("TURNSTILE_TEST_REDIS_URL", "TURNSTILE_TEST_REDIS_CLUSTER_URL"):
+        server = os.environ.get(env)
+        if not server or built is None:
+            continue
+        try:
+            client = _redis_admin(server)
+            listed = client.function_list(library=built[0].name)  # type: ignore[attr-defined]
+            client.close()  # type: ignore[attr-defined]
+        except Exception:  # no server, or no functions: nothing to delete later
+            continue
+        if not listed:
+            found.append(server)
+    return found
+
+
+def delete_redis_library(servers: list[str]) -> None:
+    from redis.cluster import RedisCluster
+
+    from turnstile.stores.redis import scripts
+
+    built = scripts.library("lock")
+    for server in servers:
+        if built is None:
+            return
+        try:
+            client = _redis_admin(server)
+            if isinstance(client, RedisCluster):
+                client.function_delete(built[0].name, target_nodes=RedisCluster.PRIMARIES)  # type: ignore[call-arg]
+            else:
+                client.function_delete(built[0].name)  # type: ignore[attr-defined]
+            client.close()  # type: ignore[attr-defined]
+        except Exception:  # not loaded after all, or the server is gone
+            continue
+
+
 def _postgres_cleanup(server: str, uid: str) -> None:
     """Drop only this test's schema."""
     import psycopg

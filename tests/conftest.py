@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends import BACKENDS, BackendRow
+from tests.backends import BACKENDS, BackendRow, delete_redis_library, redis_library_servers
 
 
 @dataclass(frozen=True)
@@ -24,19 +24,25 @@ class BackendUnderTest:
 
 
 _STATE_HOME: tuple[str | None, str] | None = None
+# The given Redis servers whose Turnstile lock library this session loads, and so deletes.
+_REDIS_LIBRARIES: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """The default store lives in $XDG_STATE_HOME: no test (nor a command it starts) may
     touch the user's real one. (A hook, not an autouse session fixture: such a fixture would
     put every test in one pytest-xdist group below.)"""
-    global _STATE_HOME
+    global _STATE_HOME, _REDIS_LIBRARIES
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        _REDIS_LIBRARIES = redis_library_servers()
     private = tempfile.mkdtemp(prefix="turnstile-xdg-state-")
     _STATE_HOME = (os.environ.get("XDG_STATE_HOME"), private)
     os.environ["XDG_STATE_HOME"] = private
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        delete_redis_library(_REDIS_LIBRARIES)
     if _STATE_HOME is None:
         return
     previous, private = _STATE_HOME

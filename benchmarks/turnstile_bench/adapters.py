@@ -663,7 +663,8 @@ class RQQueue(QueueAdapter):
 # -- store counters (probes, read in the parent) -----------------------------------------------
 class CommandCounter:
     """Reads ``INFO commandstats`` in the parent: every command the server ran, including
-    those run inside scripts, plus the client-sent EVALSHA and BLPOP calls."""
+    those run inside scripts, plus the client-sent script calls (EVALSHA and FCALL: Turnstile
+    runs its lock steps as functions where the server has them) and BLPOP calls."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -677,7 +678,7 @@ class CommandCounter:
         calls.pop("info", None)  # our own reads
         return {
             "Redis commands": sum(calls.values()),
-            "EVALSHA": calls.get("evalsha", 0.0),
+            "scripts": calls.get("evalsha", 0.0) + calls.get("fcall", 0.0),
             "BLPOP": calls.get("blpop", 0.0),
         }
 

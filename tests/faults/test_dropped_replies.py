@@ -80,8 +80,9 @@ def _markers(store: ProxiedStore) -> dict[str, bytes]:
     if store.name == "redis":
         from turnstile.stores.redis import scripts
 
+        # The steps run as functions (FCALL <name>) on a server that has them, as here.
         lock_scripts = scripts.load("lock")
-        return {op: lock_scripts[op].sha.encode() for op in ("acquire", "release", "renew")}
+        return {op: lock_scripts[op].function.encode() for op in ("acquire", "release", "renew")}
     return {op: f"{op}(".encode() for op in ("acquire", "release", "renew")}
 
 

@@ -146,7 +146,8 @@ def test_unreachable_proxy_raises_backend_unavailable_with_cause(
     lock = cut.lock("job", ttl=30)
     assert lock.acquire(timeout=1).release()
     proxy.refuse = True
-    proxy.cut_reply_after(b"EVALSHA")  # also drop the pooled connection on its next use
+    proxy.cut_reply_after(b"tt-conn:")  # a step (keys under the prefix): also drop the pooled
+    # connection on its next use
     with pytest.raises(turnstile.BackendUnavailable) as info:
         lock.acquire(timeout=1)
     assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)

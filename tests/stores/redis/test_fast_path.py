@@ -80,7 +80,7 @@ def test_an_idle_name_costs_two_short_scripts_per_acquire_and_release(
     # Per cycle: acquire = HMGET, TIME, HSET, ZADD, PEXPIREAT (the holder index was empty,
     # so it is made again); release = HMGET, TIME, HDEL, ZREM, HSET.
     assert spent == {
-        "evalsha": 20,
+        "script": 20,
         "hmget": 20,
         "hset": 20,
         "zadd": 10,
@@ -103,7 +103,7 @@ def test_a_new_names_first_acquire_gives_an_expiry_only_to_the_keys_it_makes(
     leases: list[turnstile.Lease] = []
     spent = _spent(server, lambda: leases.append(lock.acquire(timeout=1)))
     assert spent == {
-        "evalsha": 1, "hmget": 1, "zrange": 2, "zadd": 1, "hset": 1,
+        "script": 1, "hmget": 1, "zrange": 2, "zadd": 1, "hset": 1,
         "pexpireat": 2,
     }, spent
     d, hx, wx, wq = _keys(client, "brand-new")[:4]
@@ -205,15 +205,15 @@ def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
     threads[0].join(10)
     # Someone still waits: a full release step, which hands over (and pushes the wake-up).
     spent = _spent(server, handed[0].release)
-    assert spent["evalsha"] == 1 and spent["rpush"] == 1, spent
+    assert spent["script"] == 1 and spent["rpush"] == 1, spent
     threads[1].join(10)
     # The line is empty now: the fast release (HMGET, TIME, HDEL, ZREM, HSET).
     spent = _spent(server, handed[1].release)
-    assert spent == {"evalsha": 1, "hmget": 1, "hdel": 1, "zrem": 1, "hset": 1}, spent
+    assert spent == {"script": 1, "hmget": 1, "hdel": 1, "zrem": 1, "hset": 1}, spent
     # The name is idle again: the fast acquire, and tokens still grow.
     lock = client.lock("last", ttl=30)
     spent = _spent(server, lambda: handed.append(lock.acquire(timeout=1)))
-    assert spent["evalsha"] == 1 and "zrange" not in spent, spent
+    assert spent["script"] == 1 and "zrange" not in spent, spent
     assert handed[2].token > handed[1].token > handed[0].token
     handed[2].release()
 
@@ -255,10 +255,10 @@ def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
     assert ticket[0].position == 0
     # HMGET, (TIME), ZRANGE of the holders, ZADD to the line and the expiry index, HSET, and
     # the expiry of the line and the index (both made again: they were empty).
-    assert spent == {"evalsha": 1, "hmget": 1, "zrange": 1, "zadd": 2, "hset": 1, "pexpireat": 2}
+    assert spent == {"script": 1, "hmget": 1, "zrange": 1, "zadd": 2, "hset": 1, "pexpireat": 2}
     spent = _spent(server, lambda: ticket.append(waiting.try_acquire(holder="w2")))
     assert ticket[1].position == 1
-    assert spent == {"evalsha": 1, "hmget": 1, "zrange": 1, "zadd": 2, "zrank": 1, "hset": 1}
+    assert spent == {"script": 1, "hmget": 1, "zrange": 1, "zadd": 2, "zrank": 1, "hset": 1}
     assert [w.holder for w in lock.status().waiters] == ["w1", "w2"]
     assert _covered(server, client, "join")
     holder.release()
@@ -283,7 +283,7 @@ def test_a_release_that_hands_over_costs_12_commands_in_its_script(
     # waiters' expiry index, the old holder), ZADD of the grant, RPUSH and PEXPIRE of the
     # wake-up, HDEL of both records, HSET.
     assert spent == {
-        "evalsha": 1,
+        "script": 1,
         "hmget": 2,
         "zrange": 1,
         "zrem": 3,

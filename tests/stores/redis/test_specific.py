@@ -68,34 +68,129 @@ def _exercise(client: turnstile.Client, name: str) -> None:
     assert [h.holder for h in lock.status().holders] == ["second"]
 
 
+def _lock_library_calls(lock: turnstile.Lock, rounds: int = 20) -> None:
+    for _ in range(rounds):
+        lease = lock.acquire(timeout=1)
+        lease.renew()
+        lock.status()
+        lease.release()
+
+
 def test_scripts_are_loaded_once(server: RedisProcess) -> None:
-    client = turnstile.connect(server.url + "?prefix=tt-scripts:")
+    # functions=off: the lock steps run as scripts (EVALSHA), as on a server before Redis 7.
+    client = turnstile.connect(server.url + "?prefix=tt-scripts:&functions=off")
     try:
         lock = client.lock("job", ttl=5)
-        for _ in range(20):
-            lease = lock.acquire(timeout=1)
-            lease.renew()
-            lock.status()
-            lease.release()
+        _lock_library_calls(lock)
         client.names()
-        stats = server.commandstats()
+        stats = server.commandstats(raw=True)
         assert stats.get("script|load") == 5  # acquire, renew, status, release, probe: once each
         assert "eval" not in stats  # the source is never sent with a call
         assert stats["evalsha"] == 20 * 4 + 1 + 5  # every call, plus one NOSCRIPT per script
+        assert "fcall" not in stats and "function|load" not in stats
 
         # A second client on the same server finds them loaded; after SCRIPT FLUSH (as after
         # a restart or failover) each is loaded again, once.
-        other = turnstile.connect(server.url + "?prefix=tt-scripts:")
+        other = turnstile.connect(server.url + "?prefix=tt-scripts:&functions=off")
         other.lock("job", ttl=5).acquire(timeout=1).release()
         other.close()
-        assert server.commandstats()["script|load"] == 5
+        assert server.commandstats(raw=True)["script|load"] == 5
         with server.admin() as admin:
             admin.script_flush()
         for _ in range(3):
             lock.acquire(timeout=1).release()
-        assert server.commandstats()["script|load"] == 7
+        assert server.commandstats(raw=True)["script|load"] == 7
     finally:
         client.close()
+
+
+def _libraries(server: RedisProcess) -> list[str]:
+    with server.admin() as admin:
+        listed = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in admin.function_list()]
+    return sorted(lib[b"library_name"].decode() for lib in listed)
+
+
+def test_the_lock_steps_run_as_functions_loaded_once(server: RedisProcess) -> None:
+    client = turnstile.connect(server.url + "?prefix=tt-functions:")
+    try:
+        lock = client.lock("job", ttl=5)
+        _lock_library_calls(lock)
+        client.names()
+        stats = server.commandstats(raw=True)
+        # One library, loaded by the first call, which found no function (one failed FCALL).
+        assert stats.get("function|load") == 1
+        assert stats["fcall"] == 20 * 4 + 1 + 1
+        assert "evalsha" not in stats and "script|load" not in stats and "eval" not in stats
+        (library,) = _libraries(server)
+        assert library.startswith("turnstile_lock_")
+
+        # Another client of this release finds it loaded; after FUNCTION FLUSH (as after a
+        # restart of a server that keeps no data) it is loaded again, once.
+        other = turnstile.connect(server.url + "?prefix=tt-functions:")
+        other.lock("job", ttl=5).acquire(timeout=1).release()
+        other.close()
+        assert server.commandstats(raw=True)["function|load"] == 1
+        with server.admin() as admin:
+            admin.function_flush()
+        for _ in range(3):
+            lock.acquire(timeout=1).release()
+        assert server.commandstats(raw=True)["function|load"] == 2
+        assert _libraries(server) == [library]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("refused", ["-function", "-fcall"])
+def test_a_user_who_may_not_load_functions_runs_the_scripts(
+    server: RedisProcess, caplog: pytest.LogCaptureFixture, refused: str
+) -> None:
+    # Refused FUNCTION LOAD (after a first FCALL found nothing), or refused FCALL itself (as
+    # a server before Redis 7 answers "unknown command"): scripts from then on.
+    with server.admin() as admin:
+        admin.acl_setuser(
+            "scripts-only",
+            enabled=True,
+            passwords=["+pw-9f1c"],
+            keys=["*"],
+            commands=["+@all", refused],
+        )
+    url = f"redis://scripts-only:pw-9f1c@127.0.0.1:{server.port}/0?prefix=tt-nofunctions:"
+    caplog.set_level("INFO", logger="turnstile.redis")
+    client = turnstile.connect(url)
+    try:
+        lock = client.lock("job", ttl=5)
+        _lock_library_calls(lock, rounds=3)
+        stats = server.commandstats(raw=True)
+        assert _libraries(server) == []
+        assert stats["evalsha"] >= 3 * 4
+        fcalls = stats.get("fcall", 0)
+        _lock_library_calls(lock, rounds=3)
+        assert server.commandstats(raw=True).get("fcall", 0) == fcalls  # never asked again
+        said = [r.getMessage() for r in caplog.records if "sending scripts" in r.getMessage()]
+        assert len(said) == 1 and "pw-9f1c" not in said[0], said
+    finally:
+        client.close()
+
+
+def test_clients_running_scripts_and_functions_share_a_name(server: RedisProcess) -> None:
+    as_functions = turnstile.connect(server.url + "?prefix=tt-mixed:")
+    as_scripts = turnstile.connect(server.url + "?prefix=tt-mixed:&functions=off")
+    try:
+        tokens = []
+        for first, second in ((as_functions, as_scripts), (as_scripts, as_functions)):
+            holder = first.lock("shared", ttl=30).acquire(timeout=1)
+            queued = second.lock("shared", ttl=30).try_acquire(holder="next")
+            assert queued.position == 0
+            assert holder.release()  # hands over to "next", whatever runs the other's steps
+            lease = second.lock("shared", ttl=30).acquire(holder="next", timeout=1)
+            tokens += [holder.token, lease.token]
+            assert lease.release()
+        assert tokens == sorted(tokens) and len(set(tokens)) == 4
+        stats = server.commandstats(raw=True)
+        assert stats["fcall"] > 0 and stats["evalsha"] > 0
+    finally:
+        as_functions.close()
+        as_scripts.close()
 
 
 def test_queue_scripts_take_the_same_evalsha_path(server: RedisProcess) -> None:
@@ -180,6 +275,8 @@ def test_unknown_url_option_is_refused() -> None:
         turnstile.connect("redis://127.0.0.1:6379/0?colour=blue")
     with pytest.raises(turnstile.ConfigurationError, match="socket_timeout"):
         turnstile.connect("redis://127.0.0.1:6379/0?socket_timeout=-1")
+    with pytest.raises(turnstile.ConfigurationError, match=r"functions='maybe'.*true or false"):
+        turnstile.connect("redis://127.0.0.1:6379/0?functions=maybe")
     with pytest.raises(turnstile.ConfigurationError, match="must not contain"):
         turnstile.connect("redis://127.0.0.1:6379/0?prefix=a{b}")
     with pytest.raises(turnstile.ConfigurationError, match="database number"):
@@ -319,7 +416,7 @@ def test_woken_waiter_holds_the_grant_its_wake_up_carried(server: RedisProcess) 
         after = server.commandstats()
         lease = got["lease"]
         assert isinstance(lease, turnstile.Lease)
-        assert after["evalsha"] - before["evalsha"] == 1  # the release only
+        assert after["script"] - before["script"] == 1  # the release only
         status = lock.status()
         assert [h.token for h in status.holders] == [lease.token]
         left_on_store = status.holders[0].expires_at - status.now

@@ -10,6 +10,7 @@ same connection and never import each other.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,8 @@ from ...stores.redis.config import RedisConfig
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
 from .redis_queue import AsyncRedisQueueBackend
+
+log = logging.getLogger("turnstile.redis")
 
 # Every script is idempotent (acquire per holder, release/renew per token, queue operations
 # per id and receipt), so a command whose connection dropped is simply sent again, briefly.
@@ -136,6 +139,9 @@ class AsyncRedisConnection:
         self._direct = _direct_pool(self.client)
         self._spare: list[Any] = []
         self._generation = forks.generation()
+        # Whether scripts built as a function library run as functions (FCALL): until the
+        # server is seen unable to (see _loaded); the URL's functions=off says never.
+        self._functions = config.functions
 
     def queues(self) -> AsyncRedisQueueBackend:
         """The queue operations on this server, sharing this connection."""
@@ -192,11 +198,7 @@ class AsyncRedisConnection:
         pause = 0.02
         while True:
             try:
-                try:
-                    reply = await self._evalsha(script, keys, args)
-                except NoScriptError:
-                    await self.client.script_load(script.text)
-                    reply = await self._evalsha(script, keys, args)
+                reply = await self._loaded(script, keys, args)
                 self._away_until = None
                 break
             except DRIVER_ERRORS as exc:
@@ -220,12 +222,56 @@ class AsyncRedisConnection:
             _compat.raise_if_cancelled_since(cancels)
         return reply
 
-    async def _evalsha(self, script: scripts.Script, keys: list[str], args: list[Any]) -> Any:
-        """EVALSHA ``script``, on a connection kept aside when there is one (see
-        :func:`_direct_pool`), else through redis-py's command path."""
+    async def _loaded(self, script: scripts.Script, keys: list[str], args: list[Any]) -> Any:
+        """Run ``script`` as its function (FCALL) while the server has functions, else as a
+        script (EVALSHA); load it first if the server does not have it (the first use, or a
+        restart, failover or flush emptied it): SCRIPT LOAD on NOSCRIPT, FUNCTION LOAD when
+        the function is not found. A server that cannot load or run functions (before Redis
+        7, or a user without the right) runs the scripts from then on."""
+        for _ in range(2):
+            try:
+                return await self._call(script, keys, args)
+            except NoScriptError:
+                await self.client.script_load(script.text)
+            except ResponseError as exc:
+                if not (script.library and self._functions):
+                    raise
+                missing = scripts.function_missing(str(exc))
+                if missing is None:
+                    raise
+                if missing:
+                    await self._load_library(script.library)
+                else:
+                    self._no_functions(exc)
+        return await self._call(script, keys, args)
+
+    async def _load_library(self, library: scripts.Library) -> None:
+        """FUNCTION LOAD (every master of a Cluster). REPLACE: a library's name carries a hash
+        of its text, so whatever has that name is this very text (loaded meanwhile by
+        another client of this release); anything else stays."""
+        try:
+            await self.client.function_load(library.text, replace=True)
+        except ResponseError as exc:
+            self._no_functions(exc)
+
+    def _no_functions(self, exc: BaseException) -> None:
+        log.info(
+            "Redis at %s runs no Turnstile functions (%s): sending scripts instead",
+            self.config.shown,
+            driver.safe_message(exc, self.config),
+        )
+        self._functions = False
+
+    async def _call(self, script: scripts.Script, keys: list[str], args: list[Any]) -> Any:
+        """FCALL or EVALSHA ``script`` (see :meth:`_loaded`), on a connection kept aside when
+        there is one (see :func:`_direct_pool`), else through redis-py's command path."""
+        if script.library and self._functions:
+            command: tuple[str, str] = ("FCALL", script.function)
+        else:
+            command = ("EVALSHA", script.sha)
         pool = self._direct
         if pool is None:
-            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            return await self.client.execute_command(*command, len(keys), *keys, *args)
         if self._generation != forks.generation():
             # A forked child: the connections kept aside are the parent's (its pool starts
             # afresh by itself). Never used, never closed here.
@@ -238,9 +284,7 @@ class AsyncRedisConnection:
         except IndexError:
             conn = await pool.get_connection()
         try:
-            await conn.send_packed_command(
-                conn.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            )
+            await conn.send_packed_command(conn.pack_command(*command, len(keys), *keys, *args))
             reply = await conn.read_response()
         except ResponseError:
             spare.append(conn)  # an error reply, read in full: the connection is in step
@@ -252,7 +296,7 @@ class AsyncRedisConnection:
             # handles any: sent again on a connection of the pool, with its retries.
             await pool.release(conn)
             if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
-                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                return await self.client.execute_command(*command, len(keys), *keys, *args)
             raise
         if conn.should_reconnect():  # a maintenance notification asked: the pool sees to it
             await pool.release(conn)

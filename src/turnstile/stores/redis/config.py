@@ -1,5 +1,6 @@
 """The options of a ``redis://``, ``rediss://`` or ``redis+cluster://`` URL (no I/O), shared
-by the sync and async flavours: Turnstile's own (``prefix``) split off from redis-py's."""
+by the sync and async flavours: Turnstile's own (``prefix``, ``functions``) split off from
+redis-py's."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ class RedisConfig:
     shown: str  # the URL as the user gave it, password redacted, for messages
     prefix: str
     options: dict[str, Any] = field(default_factory=dict)
+    # Run the lock steps as a Redis 7 function library (FUNCTION LOAD / FCALL) where the
+    # server can; False (functions=off): always as scripts (EVALSHA). See docs/redis.md.
+    functions: bool = True
     startup_nodes: tuple[tuple[str, int], ...] = ()
     username: str | None = None
     password: str | None = field(default=None, repr=False)  # never shown
@@ -105,17 +109,21 @@ def parse_url(url: str, parts: SplitResult) -> RedisConfig:
     scheme = parts.scheme.lower()
     cluster = scheme == "redis+cluster"
     prefix = DEFAULT_PREFIX
+    functions = True
     options: dict[str, Any] = {}
     ssl = scheme == "rediss"
     for key, raw in parse_qsl(parts.query, keep_blank_values=True):
         if key == "prefix":
             prefix = raw
+        elif key == "functions":
+            functions = _parse_value(key, _BOOL, raw, shown)
         elif key == "ssl" and cluster:
             ssl = _parse_value(key, _BOOL, raw, shown)
         elif key in QUERY_OPTIONS:
             options[key] = _parse_value(key, QUERY_OPTIONS[key], raw, shown)
         else:
-            supported = ", ".join(["prefix", *QUERY_OPTIONS, *(["ssl"] if cluster else [])])
+            ours = ["prefix", "functions", *(["ssl"] if cluster else [])]
+            supported = ", ".join([*ours, *QUERY_OPTIONS])
             raise ConfigurationError(
                 f"unknown option {key!r} in Redis URL {shown!r}; supported: {supported}"
             )
@@ -174,6 +182,7 @@ def parse_url(url: str, parts: SplitResult) -> RedisConfig:
         url=plain,
         shown=shown,
         prefix=prefix,
+        functions=functions,
         options=options,
         startup_nodes=tuple(nodes),
         username=username,

@@ -49,33 +49,36 @@
 -- outlive the name's leases); the Redis commands an operation sends do not depend on the
 -- number of waiters.
 
-local D, HX, WX, WQ, CW, PD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local BASE = ARGV[1]
+-- Per step, as every variable below that a step changes: set by begin() (at the end of this
+-- file's declarations), which each operation calls first, after its fast path if it has one.
+-- The helpers below see the values of the step running: a script (EVALSHA) makes them for
+-- one step, a function library (FCALL, see stores/redis/scripts.py) once for every step.
+local D, HX, WX, WQ, CW, PD
+local BASE
 local CHUNK = 1000 -- stay well below Lua's unpack() limit
 -- KEEP_US, SLACK_US, fmt(), server_us(), read_name(), coverage() and expiry_at() are
 -- declared in _head.lua, ahead of the fast paths.
 
-local NOW = server_us()
+local NOW
 
 -- State read at the start of an operation (one HMGET), written back by finish().
-local S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
-           cb = false, pk = false, due = false, fast = false}
-local pending = {}    -- D fields to write in finish(): field -> value
-local dropped = {}    -- D fields to delete in finish(), all in one HDEL: field -> true
-local extend = {}     -- keys whose expiry must cover an entry: key -> latest such expiry
-local made = {}       -- keys this step may have made (Redis drops empty zsets): key -> true
-local newest = 0      -- latest expiry written by this operation
+local S
+local pending    -- D fields to write in finish(): field -> value
+local dropped    -- D fields to delete in finish(), all in one HDEL: field -> true
+local extend     -- keys whose expiry must cover an entry: key -> latest such expiry
+local made       -- keys this step may have made (Redis drops empty zsets): key -> true
+local newest     -- latest expiry written by this operation
 -- Known to be empty (learnt by purge(), kept up to date after), so commands can be skipped.
-local NO_HOLDERS, NO_WAITERS = false, false
+local NO_HOLDERS, NO_WAITERS
 -- HX as last read (read_hx()) and kept up to date after: its number of entries (nil:
 -- unknown) and its earliest expiry (false: empty; nil: unknown).
-local HELD, FIRST_HX = nil, nil
+local HELD, FIRST_HX
 -- A lower bound on every expiry in HX and WX (us; EMPTY_DUE when both are empty), or false
 -- when unknown. Stored in "=due" stamped with "=last" and "=seq": every step that adds a
 -- holder takes a token and every join takes a stamp, whichever release's client runs it,
 -- and the rest only removes entries or moves expiries later, so while the stamp matches the
 -- bound holds, and a step before it need not look for expired entries (purge()).
-local DUE = false
+local DUE
 local EMPTY_DUE = 4503599627370496 -- 2^52 us: later than any expiry
 -- "=all": every one of D, HX, WX and WQ that exists expires no earlier than
 -- expiry_at(ALL) (0: nothing known). A step that moves "=exp" to `covered` gives all four
@@ -84,17 +87,17 @@ local EMPTY_DUE = 4503599627370496 -- 2^52 us: later than any expiry
 -- earlier ("=exp" only grows), and every step that makes a key gives it an expiry at least
 -- expiry_at("=exp"). So a zset this step did not make (see `made`) needs no PEXPIREAT for
 -- entries expiring by ALL. (CW and PD are left out: they always get theirs.)
-local ALL = 0
+local ALL
 -- Set when this step made a callback grant (a pending delivery), or granted anything on a
 -- name with callbacks (a new lease whose expiry the deliverer's schedule does not know):
 -- the reply then carries NOW - NOTIFY_SHIFT, which the client adds to the store's index of
 -- names with callbacks (lua/lock/index.lua) as "due now".
-local NOTIFY = false
+local NOTIFY
 local NOTIFY_SHIFT = 1000000000000000 -- 1e15 us: notifications score below any real time
 -- What this step knows the name to be at its end, for the fast paths (_fast_acquire.lua,
 -- _fast_release.lua): "0" no holder and nobody in line, "1" one holder and nobody in line;
 -- false when it does not know. finish() stamps it with "=last" and "=seq" into "=fast".
-local FAST = false
+local FAST
 -- "=fast" as read, and what it tells while its stamp matches (plain names only, as only
 -- they write it; a step without "=fast" may have dropped holders or waiters since, never
 -- added one: every grant takes a token, every join a stamp):
@@ -105,14 +108,29 @@ local FAST = false
 -- A client of an earlier release matches "0" and "1" only, so it ignores the other kinds.
 -- HMAX: an upper bound on the holders (nil: none known). NONEG: nobody in line has a
 -- negative lead (priority), so every rank in line is at most "=seq" (see join()).
-local HMAX = nil
-local NONEG = false
+local HMAX
+local NONEG
 -- The only holder, dropped by this step (drop_holder()) but left in HX until after the
 -- grants' ZADD (put_holders()) or finish(), so that HX, never empty in between, keeps its
 -- expiry; and that holder's lease expiry, up to which HX's own expiry is known to cover
 -- entries (whoever wrote that entry gave HX an expiry KEEP_US past it, and no step moves a
 -- key's expiry earlier). False when none.
-local HX_OUT, HX_COVER = false, false
+local HX_OUT, HX_COVER
+
+-- The start of a step: every variable above as a new step finds it (see D above).
+local function begin()
+  D, HX, WX, WQ, CW, PD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+  BASE = ARGV[1]
+  NOW = server_us()
+  S = {name = false, limit = false, last = 0, seq = 0, exp = 0, mine = false, waiting = false,
+       cb = false, pk = false, due = false, fast = false}
+  pending, dropped, extend, made, newest = {}, {}, {}, {}, 0
+  NO_HOLDERS, NO_WAITERS = false, false
+  HELD, FIRST_HX = nil, nil
+  DUE, ALL, NOTIFY, FAST = false, 0, false, false
+  HMAX, NONEG = nil, false
+  HX_OUT, HX_COVER = false, false
+end
 
 local function load(holder)
   -- A fast path that fell through read these already, for this same holder (_head.lua).
