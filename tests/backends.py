@@ -75,44 +75,44 @@ def _redis_admin(server: str) -> object:
     return redis.Redis.from_url(server)
 
 
-def redis_library_servers() -> list[str]:
-    """The given Redis servers on which this session found no Turnstile lock library of this
-    release: the tests' clients load it there (FUNCTION LOAD), so the session deletes it at
-    its end (:func:`delete_redis_library`). A server that already had it keeps it."""
+def _library_names() -> list[str]:
     from turnstile.stores.redis import scripts
 
-    built = scripts.library("lock")
+    built = (scripts.library(folder) for folder in scripts.FOLDERS)
+    return [b[0].name for b in built if b is not None]
+
+
+def redis_library_servers() -> list[tuple[str, str]]:
+    """The given Redis servers, and the Turnstile function libraries of this release that
+    each had not when this session began: the tests' clients load them there (FUNCTION LOAD),
+    so the session deletes them at its end (:func:`delete_redis_library`). A library a
+    server already had stays."""
     found = []
     for env in ("TURNSTILE_TEST_REDIS_URL", "TURNSTILE_TEST_REDIS_CLUSTER_URL"):
         server = os.environ.get(env)
-        if not server or built is None:
+        if not server:
             continue
         try:
             client = _redis_admin(server)
-            listed = client.function_list(library=built[0].name)  # type: ignore[attr-defined]
+            for name in _library_names():
+                if not client.function_list(library=name):  # type: ignore[attr-defined]
+                    found.append((server, name))
             client.close()  # type: ignore[attr-defined]
         except Exception:  # no server, or no functions: nothing to delete later
             continue
-        if not listed:
-            found.append(server)
     return found
 
 
-def delete_redis_library(servers: list[str]) -> None:
+def delete_redis_library(loaded: list[tuple[str, str]]) -> None:
     from redis.cluster import RedisCluster
 
-    from turnstile.stores.redis import scripts
-
-    built = scripts.library("lock")
-    for server in servers:
-        if built is None:
-            return
+    for server, name in loaded:
         try:
             client = _redis_admin(server)
             if isinstance(client, RedisCluster):
-                client.function_delete(built[0].name, target_nodes=RedisCluster.PRIMARIES)  # type: ignore[call-arg]
+                client.function_delete(name, target_nodes=RedisCluster.PRIMARIES)  # type: ignore[call-arg]
             else:
-                client.function_delete(built[0].name)  # type: ignore[attr-defined]
+                client.function_delete(name)  # type: ignore[attr-defined]
             client.close()  # type: ignore[attr-defined]
         except Exception:  # not loaded after all, or the server is gone
             continue

@@ -24,8 +24,9 @@ class BackendUnderTest:
 
 
 _STATE_HOME: tuple[str | None, str] | None = None
-# The given Redis servers whose Turnstile lock library this session loads, and so deletes.
-_REDIS_LIBRARIES: list[str] = []
+# The Turnstile function libraries this session loads on the given Redis servers, and so
+# deletes at its end: (server URL, library name).
+_REDIS_LIBRARIES: list[tuple[str, str]] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,4 +1,4 @@
-"""The lock scripts as a Redis function library (stores/redis/scripts.py): built from the same
+"""The Redis scripts as function libraries (stores/redis/scripts.py): built from the same
 files as the scripts, and every step starting from the state a script starts from. No server:
 tests/stores/redis runs both on real ones."""
 
@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 from importlib import resources
 
+import pytest
+
 from turnstile.stores.redis import scripts
 
-LUA = resources.files("turnstile.stores.redis").joinpath("lua", "lock")
+LUA_ROOT = resources.files("turnstile.stores.redis").joinpath("lua")
 
 
 def _top_level_locals(text: str) -> dict[str, bool]:
@@ -28,11 +30,13 @@ def _begin_body(lib: str) -> str:
     return lib[start : lib.index("\nend\n", start)]
 
 
-def test_every_variable_a_step_changes_is_set_afresh_by_begin() -> None:
+@pytest.mark.parametrize("folder", sorted(scripts.FOLDERS))
+def test_every_variable_a_step_changes_is_set_afresh_by_begin(folder: str) -> None:
     # A function library makes the helpers once, so whatever a step leaves in a top-level
     # variable the next step would find: begin() must set every one a step may change, and
     # the rest must be constants (a value at declaration, never assigned again).
-    lib = LUA.joinpath("_lib.lua").read_text("utf-8")
+    lua = LUA_ROOT.joinpath(folder)
+    lib = lua.joinpath("_lib.lua").read_text("utf-8")
     begin = _begin_body(lib)
     assigned_in_begin = set(re.findall(r"^\s+([A-Za-z_][\w, ]*?)\s*=", begin, re.M))
     reset = {n.strip() for group in assigned_in_begin for n in group.split(",")}
@@ -42,36 +46,49 @@ def test_every_variable_a_step_changes_is_set_afresh_by_begin() -> None:
             assert not re.search(rf"^\s+{name}\s*=", rest, re.M), f"{name} is changed"
         else:
             assert name in reset, f"begin() does not set {name}"
-    head = LUA.joinpath("_head.lua").read_text("utf-8")
+    head_file = lua.joinpath("_head.lua")
+    head = head_file.read_text("utf-8") if head_file.is_file() else ""
     for name, constant in _top_level_locals(head).items():
         assert constant, name
         changed = re.search(rf"^\s+{name}\s*=", head + lib, re.M)
         # PRELOAD, which a fast path sets, is set afresh by each registered function.
         assert not changed or name == "PRELOAD", f"{name} is changed"
-    built = scripts.library("lock")
+    built = scripts.library(folder)
     assert built is not None
-    assert "KEYS, ARGV, PRELOAD = keys, args, false" in built[0].text
+    fresh = "KEYS, ARGV, PRELOAD = keys, args, false" if "PRELOAD" in head else "KEYS, ARGV = keys,"
+    assert built[0].text.count(fresh) == len(scripts.FOLDERS[folder])
+    # Nothing but declarations runs when the library is loaded (no redis.call: Redis refuses
+    # it there): every command is inside a function.
+    assert not re.search(r"^(local \w+ = )?redis\.call", lib + head, re.M)
 
 
-def test_the_library_holds_every_lock_operation_under_names_of_its_own() -> None:
-    built = scripts.library("lock")
+@pytest.mark.parametrize("folder", sorted(scripts.FOLDERS))
+def test_a_library_holds_every_operation_under_names_of_its_own(folder: str) -> None:
+    built = scripts.library(folder)
     assert built is not None
     library, functions = built
-    assert set(functions) == set(scripts.LOCK_OPERATIONS)
-    digest = library.name.removeprefix("turnstile_lock_")
+    assert set(functions) == set(scripts.FOLDERS[folder])
+    digest = library.name.removeprefix(f"turnstile_{folder}_")
     assert library.text.startswith(f"#!lua name={library.name}\n")
     for op, function in functions.items():
         assert function == f"turnstile_{digest}_{op}"
         assert f"redis.register_function({function!r}," in library.text
     # The same text, the same names; another text (another release), other names.
-    again = scripts.library("lock")
+    again = scripts.library(folder)
     assert again is not None and again[0] == library
-    loaded = scripts.load("lock")
+    loaded = scripts.load(folder)
     assert all(s.library == library and s.function == functions[op] for op, s in loaded.items())
 
 
-def test_each_script_runs_begin_after_its_fast_path_and_before_its_step() -> None:
-    for op, script in scripts.load("lock").items():
+def test_the_libraries_name_their_functions_apart() -> None:
+    names = [f for folder in scripts.FOLDERS for f in scripts.load(folder).values()]
+    assert len({s.function for s in names}) == len(names)
+
+
+@pytest.mark.parametrize("folder", sorted(scripts.FOLDERS))
+def test_each_script_runs_begin_after_its_fast_path_and_before_its_step(folder: str) -> None:
+    LUA = LUA_ROOT.joinpath(folder)
+    for op, script in scripts.load(folder).items():
         text = script.text
         begin = text.index("\nbegin()\n")
         assert text.index("local function begin()") < begin, op
@@ -79,11 +96,6 @@ def test_each_script_runs_begin_after_its_fast_path_and_before_its_step() -> Non
         if fast.is_file():
             assert text.index(fast.read_text("utf-8")) < begin, op
         assert text.endswith(LUA.joinpath(f"{op}.lua").read_text("utf-8")), op
-
-
-def test_queue_and_rate_scripts_stay_scripts() -> None:
-    assert scripts.library("queue") is None and scripts.library("rate") is None
-    assert all(s.library is None for s in scripts.load("queue").values())
 
 
 def test_what_an_fcall_error_means() -> None:

@@ -193,20 +193,35 @@ def test_clients_running_scripts_and_functions_share_a_name(server: RedisProcess
         as_scripts.close()
 
 
-def test_queue_scripts_take_the_same_evalsha_path(server: RedisProcess) -> None:
-    client = turnstile.connect(server.url + "?prefix=tt-qscripts:")
+@pytest.mark.parametrize("functions", ["on", "off"])
+def test_queue_and_rate_steps_take_the_same_path(server: RedisProcess, functions: str) -> None:
+    # Queue and rate-limit steps load and run as the lock steps do: as functions of their
+    # folder's library, or as scripts with functions=off; loaded again after a flush (as after
+    # a restart or failover), once per flush, never sent with a call.
+    client = turnstile.connect(server.url + f"?prefix=tt-qscripts:&functions={functions}")
+    load = "function|load" if functions == "on" else "script|load"
     try:
         q = client.queue("jobs")
+        limit = client.rate_limit("calls", rate=1000, per=1)
         q.put({"n": 1})
-        loaded = server.commandstats()["script|load"]
+        limit.acquire(timeout=1)
+        loaded = server.commandstats(raw=True)[load]
+        assert loaded == 2  # the queue's and the rate limit's: one each
         with server.admin() as admin:
-            admin.script_flush()  # as after a restart or failover
-        q.put({"n": 2})  # NOSCRIPT: loaded again, then run
+            if functions == "on":
+                admin.function_flush()
+            else:
+                admin.script_flush()
+        q.put({"n": 2})  # not found: loaded again, then run
         q.put({"n": 3})
-        stats = server.commandstats()
-        assert stats["script|load"] == loaded + 1  # once per flush, not per call
+        limit.acquire(timeout=1)
+        stats = server.commandstats(raw=True)
+        assert stats[load] == loaded + 2  # once per flush and library, not per call
         assert [q.get(timeout=1) is not None for _ in range(3)] == [True] * 3
-        assert "eval" not in server.commandstats()  # the source is never sent with a call
+        stats = server.commandstats(raw=True)
+        assert "eval" not in stats  # the source is never sent with a call
+        assert (stats.get("fcall", 0) > 0) == (functions == "on")
+        assert (stats.get("evalsha", 0) > 0) == (functions == "off")
     finally:
         client.close()
 

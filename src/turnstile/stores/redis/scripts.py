@@ -5,13 +5,14 @@ Redis has no includes, so each operation's script is its fast path if it has one
 result is sent by SHA1 (EVALSHA) and its text only when a server answers NOSCRIPT (see
 ``AsyncRedisConnection.run``).
 
-A folder whose library starts each step with ``begin()`` (the lock scripts) is also built as
-a Redis 7 function library (:func:`library`): the same files, with the library's helpers
-made once when it is loaded (``FUNCTION LOAD``) rather than by every script that runs, and
-each operation a function (``FCALL``). A script makes the helpers afresh at every call (about
-18 µs of server time per step that does not end on a fast path, on the benchmark's server);
-a function finds them made. Both run the same code, so they answer alike; a server without
-functions (before Redis 7, or a user without the right to load them) runs the scripts.
+A folder whose library starts each step with ``begin()`` (every one: locks, queues, rate
+limits) is also built as a Redis 7 function library (:func:`library`): the same files, with
+the library's helpers made once when it is loaded (``FUNCTION LOAD``) rather than by every
+script that runs, and each operation a function (``FCALL``). A script makes the helpers
+afresh at every call (for the lock scripts about 18 µs of server time per step that does not
+end on a fast path, on the benchmark's server); a function finds them made. Both run the same
+code, so they answer alike; a server without functions (before Redis 7, or a user without
+the right to load them) runs the scripts.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def script_text(folder: str, operation: str) -> str:
 # A library that starts each step with begin() (lua/lock/_lib.lua) can be a function library.
 BEGIN_DEFINED = "local function begin()"
 BEGIN = "begin()"
+PRELOAD = "local PRELOAD = false"
 
 
 def _parts(folder: str, operation: str) -> tuple[str, str, str, str]:
@@ -117,8 +119,8 @@ def library(folder: str) -> tuple[Library, dict[str, str]] | None:
     The library declares ``KEYS`` and ``ARGV`` (globals in a script; a function gets them as
     arguments), then the head and the library as a script has them, then one Lua function
     per operation: its fast path, ``begin()``, its own file. Each registered function sets
-    ``KEYS``, ``ARGV`` and ``PRELOAD`` (``_head.lua``) and calls it, so every step starts from
-    the same state a script starts from."""
+    ``KEYS``, ``ARGV`` and, for locks, ``PRELOAD`` (``_head.lua``) and calls it, so every step
+    starts from the same state a script starts from."""
     ops = FOLDERS[folder]
     head, _, lib, _ = _parts(folder, ops[0])
     if BEGIN_DEFINED not in lib:
@@ -131,10 +133,15 @@ def library(folder: str) -> tuple[Library, dict[str, str]] | None:
     digest = hashlib.sha1(code.encode("utf-8")).hexdigest()[:20]
     prefix = f"turnstile_{digest}_"
     functions = {op: prefix + op for op in ops}
+    # What a step must find afresh besides its keys and arguments: the head's PRELOAD (what a
+    # lock's fast path read), where there is one.
+    fresh = "KEYS, ARGV = keys, args"
+    if PRELOAD in head:
+        fresh = "KEYS, ARGV, PRELOAD = keys, args, false"
     # Unrolled: a library's code runs at load without Lua's base functions (pairs and all).
     register = "".join(
         f"redis.register_function({functions[op]!r}, function(keys, args)\n"
-        "  KEYS, ARGV, PRELOAD = keys, args, false\n"
+        f"  {fresh}\n"
         f"  return OPERATIONS[{op!r}]()\n"
         "end)\n"
         for op in ops

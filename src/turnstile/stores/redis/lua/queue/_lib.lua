@@ -24,10 +24,13 @@
 -- pending ids by seq, and BASE .. "s:" .. waiter, the wake-up list one waiter BLPOPs.
 -- state: 0 ready, 1 in flight, 2 dead. kind: 0 JSON, 1 bytes.
 
-local META, REC, BODY, KEY, RCPT, ERR = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local CAND, DUE, FLY, DEAD, ENQ, DEPTH = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local DD, DDX, WQ, WX = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
-local BASE = ARGV[1]
+-- The keys, the key base and NOW are set per step by begin() (below), which each operation
+-- calls first: a script makes these helpers for one step, a function library (see
+-- stores/redis/scripts.py) once for every step.
+local META, REC, BODY, KEY, RCPT, ERR
+local CAND, DUE, FLY, DEAD, ENQ, DEPTH
+local DD, DDX, WQ, WX
+local BASE
 local EXPIRED = 'visibility timeout passed before ack'
 local NACKED = 'nacked'
 local WAITER_TTL_US = 6000000 -- queue_machine.WAITER_TTL
@@ -37,7 +40,16 @@ local function server_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local NOW = server_now()
+local NOW
+
+-- The start of a step: every variable above as a new step finds it.
+local function begin()
+  META, REC, BODY, KEY, RCPT, ERR = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+  CAND, DUE, FLY, DEAD, ENQ, DEPTH = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+  DD, DDX, WQ, WX = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+  BASE = ARGV[1]
+  NOW = server_now()
+end
 
 local function fmt(n)
   return string.format('%d', n)

@@ -27,7 +27,10 @@
 -- rate limit is idle (nobody in line, tat past, no admission in the last per): an idle rate
 -- limit leaves nothing behind.
 
-local M, L, X, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- The keys, NOW and the step's state are set per step by begin() (below), which each
+-- operation calls first: a script makes these helpers for one step, a function library (see
+-- stores/redis/scripts.py) once for every step.
+local M, L, X, A
 local CHUNK = 1000 -- stay well below Lua's unpack() limit
 local MAX_RECENT = 10000 -- rate_machine.MAX_RECENT
 
@@ -39,13 +42,20 @@ local function num(x)
   return string.format('%.17g', x)
 end
 
-local t = redis.call('TIME')
-local NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local NOW
 
-local S = {}
-local cover = 0      -- latest time this step's writes need the keys to last to
-local dirty = false  -- M's fields must be written back
-local written = {}   -- keys written by this step (their expiry must be set)
+local S
+local cover      -- latest time this step's writes need the keys to last to
+local dirty      -- M's fields must be written back
+local written    -- keys written by this step (their expiry must be set)
+
+-- The start of a step: every variable above as a new step finds it.
+local function begin()
+  M, L, X, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  S, cover, dirty, written = {}, 0, false, {}
+end
 
 local function derive()
   S.per_us = S.per * 1000000
