@@ -78,8 +78,7 @@ def _redis_admin(server: str) -> object:
 def _library_names() -> list[str]:
     from turnstile.stores.redis import scripts
 
-    built = (scripts.library(folder) for folder in scripts.FOLDERS)
-    return [b[0].name for b in built if b is not None]
+    return [scripts.library(folder)[0].name for folder in scripts.FOLDERS]
 
 
 def redis_library_servers() -> list[tuple[str, str]]:

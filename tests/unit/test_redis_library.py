@@ -54,7 +54,6 @@ def test_every_variable_a_step_changes_is_set_afresh_by_begin(folder: str) -> No
         # PRELOAD, which a fast path sets, is set afresh by each registered function.
         assert not changed or name == "PRELOAD", f"{name} is changed"
     built = scripts.library(folder)
-    assert built is not None
     fresh = "KEYS, ARGV, PRELOAD = keys, args, false" if "PRELOAD" in head else "KEYS, ARGV = keys,"
     assert built[0].text.count(fresh) == len(scripts.FOLDERS[folder])
     # Nothing but declarations runs when the library is loaded (no redis.call: Redis refuses
@@ -64,9 +63,7 @@ def test_every_variable_a_step_changes_is_set_afresh_by_begin(folder: str) -> No
 
 @pytest.mark.parametrize("folder", sorted(scripts.FOLDERS))
 def test_a_library_holds_every_operation_under_names_of_its_own(folder: str) -> None:
-    built = scripts.library(folder)
-    assert built is not None
-    library, functions = built
+    library, functions = scripts.library(folder)
     assert set(functions) == set(scripts.FOLDERS[folder])
     digest = library.name.removeprefix(f"turnstile_{folder}_")
     assert library.text.startswith(f"#!lua name={library.name}\n")
@@ -74,8 +71,7 @@ def test_a_library_holds_every_operation_under_names_of_its_own(folder: str) -> 
         assert function == f"turnstile_{digest}_{op}"
         assert f"redis.register_function({function!r}," in library.text
     # The same text, the same names; another text (another release), other names.
-    again = scripts.library(folder)
-    assert again is not None and again[0] == library
+    assert scripts.library(folder)[0] == library
     loaded = scripts.load(folder)
     assert all(s.library == library and s.function == functions[op] for op, s in loaded.items())
 

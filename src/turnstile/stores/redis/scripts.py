@@ -5,8 +5,8 @@ Redis has no includes, so each operation's script is its fast path if it has one
 result is sent by SHA1 (EVALSHA) and its text only when a server answers NOSCRIPT (see
 ``AsyncRedisConnection.run``).
 
-A folder whose library starts each step with ``begin()`` (every one: locks, queues, rate
-limits) is also built as a Redis 7 function library (:func:`library`): the same files, with
+Each folder's library (locks, queues, rate limits) starts every step with ``begin()``, so each
+folder is also built as a Redis 7 function library (:func:`library`): the same files, with
 the library's helpers made once when it is loaded (``FUNCTION LOAD``) rather than by every
 script that runs, and each operation a function (``FCALL``). A script makes the helpers
 afresh at every call (for the lock scripts about 18 µs of server time per step that does not
@@ -74,7 +74,7 @@ class Script:
     text: str
     sha: str = ""
     function: str = ""
-    library: Library | None = None
+    library: Library | None = None  # None: a script only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.text.encode("utf-8")).hexdigest())
@@ -87,11 +87,11 @@ def script_text(folder: str, operation: str) -> str:
     the library's helpers are even made, and falls through otherwise), the folder's
     library, then the operation."""
     head, fast, lib, body = _parts(folder, operation)
-    start = [BEGIN] if BEGIN_DEFINED in lib else []
-    return "\n".join(p for p in (head, fast, lib, *start, body) if p)
+    return "\n".join(p for p in (head, fast, lib, BEGIN, body) if p)
 
 
-# A library that starts each step with begin() (lua/lock/_lib.lua) can be a function library.
+# Every _lib.lua defines begin(), which sets the step's state afresh: a script calls it once,
+# a function library at every call.
 BEGIN_DEFINED = "local function begin()"
 BEGIN = "begin()"
 PRELOAD = "local PRELOAD = false"
@@ -104,17 +104,14 @@ def _parts(folder: str, operation: str) -> tuple[str, str, str, str]:
         f = files.joinpath(name)
         return f.read_text("utf-8") if f.is_file() else ""
 
-    return (
-        read("_head.lua"),
-        read(f"_fast_{operation}.lua"),
-        read("_lib.lua"),
-        read(f"{operation}.lua"),
-    )
+    lib = read("_lib.lua")
+    if BEGIN_DEFINED not in lib:
+        raise RuntimeError(f"lua/{folder}/_lib.lua defines no begin()")
+    return (read("_head.lua"), read(f"_fast_{operation}.lua"), lib, read(f"{operation}.lua"))
 
 
-def library(folder: str) -> tuple[Library, dict[str, str]] | None:
-    """The folder's operations as one function library, and each operation's function name;
-    ``None`` for a folder whose library has no ``begin()``.
+def library(folder: str) -> tuple[Library, dict[str, str]]:
+    """The folder's operations as one function library, and each operation's function name.
 
     The library declares ``KEYS`` and ``ARGV`` (globals in a script; a function gets them as
     arguments), then the head and the library as a script has them, then one Lua function
@@ -123,8 +120,6 @@ def library(folder: str) -> tuple[Library, dict[str, str]] | None:
     starts from the same state a script starts from."""
     ops = FOLDERS[folder]
     head, _, lib, _ = _parts(folder, ops[0])
-    if BEGIN_DEFINED not in lib:
-        return None
     chunks = ["local KEYS, ARGV = {}, {}", head, lib, "local OPERATIONS = {}"]
     for op in ops:
         _, fast, _, body = _parts(folder, op)
@@ -152,12 +147,9 @@ def library(folder: str) -> tuple[Library, dict[str, str]] | None:
 
 
 def load(folder: str) -> dict[str, Script]:
-    """Every script of one folder (``lock``, ``queue`` or ``rate``), by operation; for a
-    folder built as a function library, with its function."""
-    built = library(folder)
-    if built is None:
-        return {op: Script(script_text(folder, op)) for op in FOLDERS[folder]}
-    lib, functions = built
+    """Every script of one folder (``lock``, ``queue`` or ``rate``), by operation, with the
+    function of the folder's library that runs the same step."""
+    lib, functions = library(folder)
     return {
         op: Script(script_text(folder, op), function=functions[op], library=lib)
         for op in FOLDERS[folder]
