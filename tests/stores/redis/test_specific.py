@@ -172,6 +172,31 @@ def test_a_user_who_may_not_load_functions_runs_the_scripts(
         client.close()
 
 
+def test_a_server_before_redis_7_is_sent_scripts_from_the_start(
+    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The version the server gives at connect says there are no functions: no FCALL is
+    # tried (this server is 7.x, told to say 6.2 while the client connects).
+    real_info = redis.Redis.info
+
+    def info(self: redis.Redis, *args: object, **kwargs: object) -> object:
+        found = real_info(self, *args, **kwargs)  # type: ignore[arg-type]
+        if isinstance(found, dict) and "redis_version" in found:
+            found = {**found, "redis_version": "6.2.14"}
+        return found
+
+    monkeypatch.setattr(redis.Redis, "info", info)
+    client = turnstile.connect(server.url + "?prefix=tt-six:")
+    monkeypatch.undo()
+    try:
+        _lock_library_calls(client.lock("job", ttl=5), rounds=3)
+        stats = server.commandstats(raw=True)
+        assert "fcall" not in stats and "function|load" not in stats
+        assert stats["evalsha"] >= 3 * 4
+    finally:
+        client.close()
+
+
 def test_clients_running_scripts_and_functions_share_a_name(server: RedisProcess) -> None:
     as_functions = turnstile.connect(server.url + "?prefix=tt-mixed:")
     as_scripts = turnstile.connect(server.url + "?prefix=tt-mixed:&functions=off")

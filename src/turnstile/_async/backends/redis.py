@@ -469,6 +469,8 @@ class AsyncRedisBackend:
                 f"Redis at {config.shown} runs {version}; Turnstile needs Redis 5 or newer "
                 "(scripts that read TIME before writing)"
             )
+        if major and major < 7:
+            self.connection.functions = False  # no FUNCTION or FCALL before Redis 7
         policy = str(info.get("maxmemory_policy", "noeviction"))
         if policy != "noeviction":
             log.warning(

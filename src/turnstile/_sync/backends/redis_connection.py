@@ -140,9 +140,10 @@ class RedisConnection:
         self._direct = _direct_pool(self.client)
         self._spare: list[Any] = []
         self._generation = forks.generation()
-        # Whether scripts built as a function library run as functions (FCALL): until the
-        # server is seen unable to (see _loaded); the URL's functions=off says never.
-        self._functions = config.functions
+        # Whether the steps run as functions of their library (FCALL): until the server is
+        # seen unable to (see _loaded) or known to be older than Redis 7 (the backend's
+        # check at connect); the URL's functions=off says never.
+        self.functions = config.functions
 
     def queues(self) -> RedisQueueBackend:
         """The queue operations on this server, sharing this connection."""
@@ -235,7 +236,7 @@ class RedisConnection:
             except NoScriptError:
                 self.client.script_load(script.text)
             except ResponseError as exc:
-                if not (script.library and self._functions):
+                if not (script.library and self.functions):
                     raise
                 missing = scripts.function_missing(str(exc))
                 if missing is None:
@@ -261,12 +262,12 @@ class RedisConnection:
             self.config.shown,
             driver.safe_message(exc, self.config),
         )
-        self._functions = False
+        self.functions = False
 
     def _call(self, script: scripts.Script, keys: list[str], args: list[Any]) -> Any:
         """FCALL or EVALSHA ``script`` (see :meth:`_loaded`), on a connection kept aside when
         there is one (see :func:`_direct_pool`), else through redis-py's command path."""
-        if script.library and self._functions:
+        if script.library and self.functions:
             command: tuple[str, str] = ("FCALL", script.function)
         else:
             command = ("EVALSHA", script.sha)
