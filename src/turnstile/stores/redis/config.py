@@ -52,8 +52,9 @@ class RedisConfig:
     shown: str  # the URL as the user gave it, password redacted, for messages
     prefix: str
     options: dict[str, Any] = field(default_factory=dict)
-    # Run the lock steps as a Redis 7 function library (FUNCTION LOAD / FCALL) where the
-    # server can; False (functions=off): always as scripts (EVALSHA). See docs/redis.md.
+    # Run the steps (locks, queues, rate limits) as Redis 7 function libraries (FUNCTION
+    # LOAD / FCALL) where the server can; False (functions=off): always as scripts
+    # (EVALSHA). See docs/redis.md.
     functions: bool = True
     startup_nodes: tuple[tuple[str, int], ...] = ()
     username: str | None = None

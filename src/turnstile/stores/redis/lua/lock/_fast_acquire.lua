@@ -1,6 +1,6 @@
 -- acquire, fast path: runs before the library (_lib.lua) is even built, and answers alone
--- the commonest step, an acquire on a name that is idle (or new), in 5 commands. Anything else falls
--- through to the library and acquire.lua, which do the whole step.
+-- the commonest step, an acquire on a name that is idle (or new), in 5 commands. Anything
+-- else falls through to the library and acquire.lua, which do the whole step.
 --
 -- "=fast" in D is "<last> <seq> <kind>": a step of the library wrote it knowing the name,
 -- at the end of that step, to have kind "0" (no holder, nobody in line) or "1" (one holder,
