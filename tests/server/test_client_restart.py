@@ -21,6 +21,7 @@ import pytest
 import turnstile
 import turnstile.aio
 from tests.http_server import ServerProcess, start_server
+from turnstile._core import timing
 
 DOWN = 1.5  # seconds the service is away
 
@@ -49,7 +50,19 @@ def _wait_for_line(server: ServerProcess, expected: list[str]) -> None:
         time.sleep(0.05)
 
 
-def test_sync_waiters_get_their_grants_after_a_restart(tmp_path: Path) -> None:
+@pytest.fixture
+def places_outlast_the_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocked waiter's place lasts MAX_BLOCKING_WAIT_TTL (5 s) after its last step. The
+    service is away DOWN seconds plus its start, which on a loaded machine took long enough
+    for the places to lapse (the line was empty after the restart): here they last 30 s, far
+    longer than any restart, so the test shows the waiters coming back, not the machine's
+    speed."""
+    monkeypatch.setattr(timing, "MAX_BLOCKING_WAIT_TTL", 30.0)
+
+
+def test_sync_waiters_get_their_grants_after_a_restart(
+    tmp_path: Path, places_outlast_the_restart: None
+) -> None:
     store = f"sqlite:///{tmp_path}/restart.db"
     server = start_server(store, tmp_path, tokens=[{"name": "admin", "admin": True}],
                           args=("--max-wait", "10"))
@@ -97,7 +110,9 @@ def test_sync_waiters_get_their_grants_after_a_restart(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_async_waiter_gets_its_grant_after_a_restart(tmp_path: Path) -> None:
+def test_async_waiter_gets_its_grant_after_a_restart(
+    tmp_path: Path, places_outlast_the_restart: None
+) -> None:
     store = f"sqlite:///{tmp_path}/restart.db"
     server = start_server(store, tmp_path, tokens=[{"name": "admin", "admin": True}],
                           args=("--max-wait", "10"))
