@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 
@@ -45,34 +46,31 @@ def _nothing(server: str, uid: str) -> None:
     return None
 
 
-def _redis_cleanup(server: str, uid: str) -> None:
-    """Delete only the keys under this test's prefix."""
-    import redis
-    from redis.cluster import RedisCluster
-
-    prefix = f"tt-{uid}:"
-    if server.startswith("redis+cluster://"):
-        client: redis.Redis = RedisCluster.from_url(  # type: ignore[assignment]
-            server.replace("redis+cluster://", "redis://", 1)
-        )
-        keys = list(
-            client.scan_iter(match=f"{prefix}*", count=1000, target_nodes=RedisCluster.PRIMARIES)
-        )  # type: ignore[call-arg]
-    else:
-        client = redis.Redis.from_url(server)
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    for key in keys:
-        client.delete(key)
-    client.close()
-
-
-def _redis_admin(server: str) -> object:
+def _redis_admin(server: str) -> Any:
+    """An admin client of a given Redis server or Cluster."""
     import redis
     from redis.cluster import RedisCluster
 
     if server.startswith("redis+cluster://"):
         return RedisCluster.from_url(server.replace("redis+cluster://", "redis://", 1))
     return redis.Redis.from_url(server)
+
+
+def _redis_cleanup(server: str, uid: str) -> None:
+    """Delete only the keys under this test's prefix."""
+    from redis.cluster import RedisCluster
+
+    prefix = f"tt-{uid}:"
+    client = _redis_admin(server)
+    if isinstance(client, RedisCluster):
+        keys = list(
+            client.scan_iter(match=f"{prefix}*", count=1000, target_nodes=RedisCluster.PRIMARIES)
+        )
+    else:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    for key in keys:
+        client.delete(key)
+    client.close()
 
 
 def _library_names() -> list[str]:
@@ -94,9 +92,9 @@ def redis_library_servers() -> list[tuple[str, str]]:
         try:
             client = _redis_admin(server)
             for name in _library_names():
-                if not client.function_list(library=name):  # type: ignore[attr-defined]
+                if not client.function_list(library=name):
                     found.append((server, name))
-            client.close()  # type: ignore[attr-defined]
+            client.close()
         except Exception:  # no server, or no functions: nothing to delete later
             continue
     return found
@@ -109,10 +107,10 @@ def delete_redis_library(loaded: list[tuple[str, str]]) -> None:
         try:
             client = _redis_admin(server)
             if isinstance(client, RedisCluster):
-                client.function_delete(name, target_nodes=RedisCluster.PRIMARIES)  # type: ignore[call-arg]
+                client.function_delete(name, target_nodes=RedisCluster.PRIMARIES)
             else:
-                client.function_delete(name)  # type: ignore[attr-defined]
-            client.close()  # type: ignore[attr-defined]
+                client.function_delete(name)
+            client.close()
         except Exception:  # not loaded after all, or the server is gone
             continue
 

@@ -17,6 +17,7 @@ the right to load them) runs the scripts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
@@ -97,17 +98,25 @@ BEGIN = "begin()"
 PRELOAD = "local PRELOAD = false"
 
 
+@functools.cache
+def _read(folder: str, name: str) -> str:
+    """One Lua file of the package ("" when there is none), read once per process: every
+    operation's script and the folder's library are built from the same few files, and
+    each client builds them when it connects."""
+    f = resources.files("turnstile.stores.redis").joinpath("lua", folder, name)
+    return f.read_text("utf-8") if f.is_file() else ""
+
+
 def _parts(folder: str, operation: str) -> tuple[str, str, str, str]:
-    files = resources.files("turnstile.stores.redis").joinpath("lua", folder)
-
-    def read(name: str) -> str:
-        f = files.joinpath(name)
-        return f.read_text("utf-8") if f.is_file() else ""
-
-    lib = read("_lib.lua")
+    lib = _read(folder, "_lib.lua")
     if BEGIN_DEFINED not in lib:
         raise RuntimeError(f"lua/{folder}/_lib.lua defines no begin()")
-    return (read("_head.lua"), read(f"_fast_{operation}.lua"), lib, read(f"{operation}.lua"))
+    return (
+        _read(folder, "_head.lua"),
+        _read(folder, f"_fast_{operation}.lua"),
+        lib,
+        _read(folder, f"{operation}.lua"),
+    )
 
 
 def library(folder: str) -> tuple[Library, dict[str, str]]:
