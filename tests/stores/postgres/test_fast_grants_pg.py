@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -283,3 +284,72 @@ def test_the_names_a_client_remembers_are_bounded(pg_url: str, monkeypatch: Any)
         assert g.grant is not None and not off.backend._known  # the function: no hint kept
     finally:
         off.close()
+
+
+def test_a_name_idle_at_its_last_acquire_is_granted_by_the_bare_update(pg_url: str) -> None:
+    """prepare=on: a name whose last acquire by this client was a fast grant goes by
+    acquire_idle, the UPDATE alone (one statement, the function never planned in). When
+    another client took the name meanwhile, that UPDATE changes nothing and the function does
+    the whole step (the caller joins the line: one statement more), and the hint turns: the
+    caller's next step is acquire_fast again, one statement."""
+    one = turnstile.connect(f"{pg_url}&prepare=on")
+    two = turnstile.connect(f"{pg_url}&prepare=on")
+    a: Any = one.backend
+    b: Any = two.backend
+    try:
+        g = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert g.grant is not None and a._known["n"] is True  # acquire_fresh's fast grant
+        assert a.release("n", "h1", g.grant.token)
+        sent = a.statements
+        again = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert again.grant is not None and again.grant.token > g.grant.token
+        assert a.statements - sent == 1 and a._known["n"] is True
+        assert a.release("n", "h1", again.grant.token)
+        # Another client holds it now: the bare UPDATE grants nothing, the function queues.
+        other = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert other.grant is not None
+        sent = a.statements
+        w = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert w.grant is None and w.position == 0 and w.wait_id is not None
+        assert a.statements - sent == 2 and a._known["n"] is False
+        sent = a.statements
+        still = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert still.grant is None and still.position == 0 and still.wait_id == w.wait_id
+        assert a.statements - sent == 1  # acquire_fast, which calls the function itself
+        # The holder leaves: the waiter's next step finds its grant; a later acquire of the
+        # name, idle again, goes by acquire_fast (granted there), then acquire_idle again.
+        assert b.release("n", "h2", other.grant.token)
+        mine = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert mine.grant is not None and a._known["n"] is False  # granted by the function
+        assert a.release("n", "h1", mine.grant.token)
+        fast = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert fast.grant is not None and a._known["n"] is True
+        assert a.release("n", "h1", fast.grant.token)
+        # A try-acquire (no line) of a busy name: refused, nothing left behind.
+        other = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        refused = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=False)
+        assert refused.grant is None and refused.wait_id is None
+        assert [h.holder for h in one.status("n").holders] == ["h2"]
+        assert not one.status("n").waiters
+    finally:
+        one.close()
+        two.close()
+
+
+def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str) -> None:
+    """With durability=relaxed the bare UPDATE commits without waiting for the disk, as
+    acquire_fast does; a connection that stops preparing sends the function in its place."""
+    relaxed = pg.parse_url(f"{pg_url}&durability=relaxed", urlsplit(f"{pg_url}&durability=relaxed"))
+    durable = pg.parse_url(pg_url, urlsplit(pg_url))
+    assert pg.RELAXED_FILTER in relaxed.query("acquire_idle")
+    assert pg.RELAXED_FILTER not in durable.query("acquire_idle")
+    assert pg.UNPREPARED["acquire_idle"] == "acquire"
+    client = turnstile.connect(f"{pg_url}&prepare=on&durability=relaxed")
+    backend: Any = client.backend
+    try:
+        for _ in range(3):  # acquire_fresh, then acquire_idle twice
+            g = backend.acquire("r", "h", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert g.grant is not None and backend._known["r"] is True
+            assert backend.release("r", "h", g.grant.token)
+    finally:
+        client.close()

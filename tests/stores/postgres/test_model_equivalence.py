@@ -225,19 +225,34 @@ class _Forgetful(dict):  # type: ignore[type-arg]
         pass
 
 
-@pytest.mark.parametrize("prepare", ["off", "on", "fresh"])
+class _AlwaysIdle(dict):  # type: ignore[type-arg]
+    """A backend's ``_known`` that takes every name for idle: every acquire sends
+    acquire_idle first, and the function when that finds the name busy."""
+
+    def get(self, key: object, default: object = None) -> bool:
+        return True
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("prepare", ["off", "on", "fresh", "idle"])
 @pytest.mark.parametrize("seed", [*range(6), 12, 47])
 def test_sql_functions_follow_the_model(pg_url: str, seed: int, prepare: str) -> None:
     """prepare=on: acquire and release as the plain statements of queries.sql (their fast
     paths inline, the functions called when those do not apply): acquire_fresh for a name's
-    first acquire by the client, acquire_fast after. "fresh": acquire_fresh every time (as a
-    client that has not seen the name sends it, whatever state the name is in)."""
+    first acquire by the client, then acquire_idle or acquire_fast by whether the last one
+    was a fast grant. "fresh": acquire_fresh every time (as a client that has not seen the
+    name sends it, whatever state the name is in). "idle": acquire_idle every time, then the
+    function when it grants nothing (as a client whose hint is wrong sends them)."""
     rng = random.Random(seed)
-    on = "on" if prepare == "fresh" else prepare
+    on = "on" if prepare in ("fresh", "idle") else prepare
     client = turnstile.connect(f"{pg_url}{'&' if '?' in pg_url else '?'}prepare={on}")
     backend: Any = client.backend
     if prepare == "fresh":
         backend._known = _Forgetful()
+    elif prepare == "idle":
+        backend._known = _AlwaysIdle()
     clock = [T0]
     backend.clock_override = lambda: clock[0]
     listen = psycopg.connect(backend.config.conninfo, autocommit=True)

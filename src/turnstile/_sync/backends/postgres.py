@@ -82,12 +82,16 @@ class PostgresBackend:
         self.config = connection.config
         self.connection = connection
         self._q = {name: connection.query(name) for name in pg.QUERIES}
-        # Names this client acquired lately (at most KNOWN_MAX, oldest dropped first): their
-        # rows exist, so acquire sends acquire_fast (an UPDATE); any other name gets
-        # acquire_fresh, which also makes the row of a new name in the same statement. Only
-        # a hint: both statements answer every case (queries.sql).
-        self._known: dict[str, None] = {}
+        # Names this client acquired lately (at most KNOWN_MAX, oldest dropped first), each
+        # with whether its last acquire here was a fast grant (the name was idle). Their rows
+        # exist, so acquire sends acquire_idle (the bare UPDATE) to a name that was idle and
+        # acquire_fast (the UPDATE, with the function when the name is busy) to the rest; any
+        # other name gets acquire_fresh, which also makes the row of a new name in the same
+        # statement. Only a hint: acquire_fast and acquire_fresh answer every case, and when
+        # acquire_idle finds the name busy the function is called (queries.sql).
+        self._known: dict[str, bool] = {}
         self._known_max = KNOWN_MAX if self.config.prepare else 0
+        self._acquire_call = self.config.query("acquire")  # the function, whatever prepare is
         # (name, holder) -> (listener, its mark before the step that put holder in line, when
         # that place lapses unless stepped again): what open_waiter checks, since the waiter
         # arms after that step.
@@ -158,7 +162,7 @@ class PostgresBackend:
         except BackendUnavailable as exc:
             _refuse(name, exc, limit, per_key)
             raise
-        granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row
+        granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row[:8]
         if granted:
             if self._marks:
                 self._marks.pop((name, holder), None)
@@ -199,33 +203,48 @@ class PostgresBackend:
         key: str | None = None,
         per_key: int | None = None,
     ) -> Any:
-        statement = self._q["acquire"]
+        params = {
+            "name": name,
+            "holder": holder,
+            "limit": limit,
+            "ttl": ttl,
+            "wait_ttl": wait_ttl,
+            "enqueue": enqueue,
+            "now": self._now(),
+            "channel": channel,
+            "wake": None,
+            "lead": lead,
+            "key": key,
+            "per_key": per_key,
+        }
         known = self._known
-        if self._known_max and name not in known:
-            statement = self._q["acquire_fresh"]
-            known[name] = None
-            # Safe from several threads, as _remember: a concurrent eviction is skipped.
-            with contextlib.suppress(RuntimeError, KeyError, StopIteration):
-                while len(known) > self._known_max:
-                    del known[next(iter(known))]
-        return self._run(
-            statement,
-            {
-                "name": name,
-                "holder": holder,
-                "limit": limit,
-                "ttl": ttl,
-                "wait_ttl": wait_ttl,
-                "enqueue": enqueue,
-                "now": self._now(),
-                "channel": channel,
-                "wake": pg.wake_key(name, holder) if channel else None,
-                "lead": lead,
-                "key": key,
-                "per_key": per_key,
-            },
-            "acquire",
-        )
+        if not self._known_max:
+            params["wake"] = pg.wake_key(name, holder) if channel else None
+            return self._run(self._q["acquire"], params, "acquire")
+        idle = known.get(name)
+        if idle:
+            # Idle at its last acquire here: the bare UPDATE, which grants on an idle name
+            # and returns nothing on a busy one (then the function does the whole step).
+            row = self._run(self._q["acquire_idle"], params, "acquire")
+            if row is None:
+                params["wake"] = pg.wake_key(name, holder) if channel else None
+                row = self._run(self._acquire_call, params, "acquire")
+        else:
+            params["wake"] = pg.wake_key(name, holder) if channel else None
+            statement = self._q["acquire_fast" if idle is not None else "acquire_fresh"]
+            row = self._run(statement, params, "acquire")
+        # Whether a fast grant answered (the last column of the statements of queries.sql;
+        # the function has no such column): the next acquire of the name here picks by it.
+        fast = len(row) > 8 and row[8] is True
+        if fast is not idle:
+            new = idle is None
+            known[name] = fast
+            if new:
+                # Safe from several threads, as _remember: a concurrent eviction is skipped.
+                with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+                    while len(known) > self._known_max:
+                        del known[next(iter(known))]
+        return row
 
     def acquire_callback(
         self,

@@ -75,13 +75,18 @@ DURABILITIES = ("durable", "relaxed")
 # only goes uncounted (the next ones may come that much sooner), as a relaxed grant may be
 # forgotten; rate_status writes nothing.
 RELAXABLE = frozenset(
-    {"acquire", "release", "acquire_fast", "acquire_fresh", "release_fast", "renew", "set_limit",
-     "rate_acquire", "rate_leave"}
+    {"acquire", "release", "acquire_fast", "acquire_fresh", "acquire_idle", "release_fast",
+     "renew", "set_limit", "rate_acquire", "rate_leave"}
 )
 # The plain statements sent only with prepare=on, and the function call each stands for: what
 # a client sends instead once it stops preparing (PostgresConnection._unprepared), since a
 # long statement parsed and planned at every call costs more than the call.
-UNPREPARED = {"acquire_fast": "acquire", "acquire_fresh": "acquire", "release_fast": "release"}
+UNPREPARED = {
+    "acquire_fast": "acquire",
+    "acquire_fresh": "acquire",
+    "acquire_idle": "acquire",
+    "release_fast": "release",
+}
 # Where a statement that cannot be wrapped in the "relaxed" query puts the setting: a filter
 # on the one row it returns, so it is evaluated exactly once, in the statement's transaction.
 RELAXED_MARK = "__RELAXED__"
