@@ -62,6 +62,7 @@ RELAXED = "turnstile postgres, durability=relaxed"
 UNPREPARED = "turnstile postgres, prepare=off"
 RELAXED_UNPREPARED = "turnstile postgres, durability=relaxed, prepare=off"
 RELAXED_NAIVE = "naive row, synchronous_commit=off"
+NO_HINT = "turnstile postgres, acquire_fast every time"
 # Issue 13.3: the opt-in fast mode for locks (synchronous_commit off per lock transaction).
 TARGET_RELAXED_VS_ADVISORY = 0.6
 TARGET_RELAXED_VS_BOUND = 0.9
@@ -122,6 +123,14 @@ def uncontended_contenders(url: str, schema: str) -> list[Contender]:
             RELAXED_UNPREPARED,
             functools.partial(TurnstileLock, f"{turnstile_url}&durability=relaxed"),
             "the same with `durability=relaxed`: uncontended only",
+            probe,
+        ),
+        Contender(
+            NO_HINT,
+            functools.partial(TurnstileLock, f"{url}{sep}schema={schema}", idle_hint=False),
+            "`with lock.acquire():` as the first row, with the client's idle hint off: every "
+            "acquire of the name sends `acquire_fast` (the UPDATE, with the function behind "
+            "it), never `acquire_idle` (the bare UPDATE); uncontended only",
             probe,
         ),
         Contender(
@@ -337,6 +346,12 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             if UNPREPARED in unc
             else ""
         )
+        + (
+            f", {fmt(unc[NO_HINT].ops_per_s)}/s with `acquire_fast` every time (the idle "
+            "hint off: docs/postgres.md, \"A name that was idle\")"
+            if NO_HINT in unc
+            else ""
+        )
         + f", pg_advisory_lock {fmt(b.ops_per_s)}/s, naive row "
         f"{fmt(unc['naive row (1 s poll)'].ops_per_s)}/s. An advisory lock writes nothing: "
         "no WAL, no commit to flush. Each Turnstile acquire and release is a committed, "
@@ -344,9 +359,11 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "on`, as the naive row does. On an idle name each is one UPDATE of the name's row "
         "(schema version 12: the grant kept in the row, a HOT update, the fencing counter "
         "written with it), sent as one plain prepared statement (named by a hash of its "
-        "text, so safe through any pooler) that calls the PL/pgSQL function only when the "
-        "name is busy (with `prepare=off`, the function call, parsed and planned at every "
-        "call); no waiter is armed and no LISTEN connection opened unless the acquire has "
+        "text, so safe through any pooler): the acquire of a name that was idle at its last "
+        "acquire as the bare UPDATE (`acquire_idle`; on a busy name the client then calls "
+        "the PL/pgSQL function), the release with the function behind it, called only when "
+        "the name is busy (with `prepare=off`, the function call, parsed and planned at "
+        "every call); no waiter is armed and no LISTEN connection opened unless the acquire has "
         "to wait; the client sends it by its short path (docs/postgres.md, \"The client's "
         "short path\": no cursor, no pool checkout), spending less CPU per call than the "
         "naive row's psycopg cursor. What remains is the lease and its renewer, and the "

@@ -4,9 +4,12 @@ store that other processes can share (the memory store is private to one process
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +151,34 @@ def test_per_key_order_with_concurrency_4(store: str, tmp_path: Path) -> None:
         mine = [(what, int(seq)) for what, k, seq in events if k == key]
         # One at a time per key, in put order: start 0, end 0, start 1, end 1, …
         assert mine == [(w, s) for s in range(per_key) for w in ("start", "end")], mine
+
+
+def test_prefetch_claims_a_batch_in_one_step(store: str, tmp_path: Path) -> None:
+    """--prefetch 3: the worker's one slot claims the three messages (three keys) at once,
+    so while the first command runs all three are in flight; each runs once, all are acked,
+    and a fourth message of the first key runs after its predecessor's ack."""
+    with queue(store) as q:
+        ids = [q.put(i, key=f"k{i}") for i in range(3)]
+        later = q.put(3, key="k0")
+    stats = [sys.executable, "-m", "turnstile", "queue", "stats", "jobs", "--url", store, "--json"]
+    script = (
+        f'd="{tmp_path}"; cat > /dev/null; echo "$TURNSTILE_MESSAGE_ID" >> "$d/log"; '
+        f'[ -e "$d/stats" ] || {shlex.join(stats)} > "$d/stats"'
+    )
+    result = run(
+        "queue", "work", "jobs", "--url", store, "--prefetch", "3", "--max-messages", "4",
+        "-v", "--", *sh(script), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "claiming up to 3 at once" in result.stderr
+    assert "4 acked, 0 failed" in result.stderr
+    seen = json.loads((tmp_path / "stats").read_text())
+    assert (seen["in_flight"], seen["ready"]) == (3, 1)  # the batch claimed, k0's next waits
+    log = (tmp_path / "log").read_text().split()
+    assert sorted(log) == sorted([*ids, later]) and log[-1] == later
+    with queue(store) as q:
+        stats_after = q.stats()
+    assert (stats_after.ready, stats_after.in_flight, stats_after.dead) == (0, 0, 0)
 
 
 def test_worker_killed_9_message_redelivered_after_visibility_timeout(
@@ -295,6 +326,8 @@ def test_usage_errors_name_the_flag(tmp_path: Path) -> None:
     assert result.returncode == 2 and "give the command to run after --" in result.stderr
     result = run("queue", "work", "jobs", "--url", url, "--concurrency", "0", "--", "true")
     assert result.returncode == 2 and "--concurrency" in result.stderr
+    result = run("queue", "work", "jobs", "--url", url, "--prefetch", "1001", "--", "true")
+    assert result.returncode == 2 and "--prefetch" in result.stderr and "1000" in result.stderr
     result = run("queue", "work", "jobs", "--url", url, "--", "no-such-command-xyz")
     assert result.returncode == 127 and "command not found" in result.stderr
 

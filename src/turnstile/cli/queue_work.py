@@ -22,6 +22,7 @@ from typing import Any
 from .. import Message, Queue
 from .._core import validate
 from .._core.payload import encode_payload
+from .._sync.queue import MAX_PREFETCH
 from ..errors import InvalidArgument
 from . import _support
 from ._support import EXIT_NOT_FOUND, EXIT_OK, EXIT_SIGNAL_BASE
@@ -43,6 +44,7 @@ examples:
   turnstile queue work webhooks -- ./handle-webhook.sh
   turnstile queue work webhooks --concurrency 4 --visibility-timeout 60 -- python handle.py
   turnstile queue work jobs --max-attempts 3 --backoff 5 -- ./job   # dead letter after 3
+  turnstile queue work jobs --concurrency 4 --prefetch 16 -- ./job  # batch claims
 
 CMD runs once per message: the payload on its stdin (bytes as they were put, anything else
 as compact JSON), and in its environment TURNSTILE_QUEUE, TURNSTILE_MESSAGE_ID,
@@ -56,7 +58,11 @@ the message is delivered again once --visibility-timeout passes.
 SIGTERM, SIGINT or SIGHUP drain: take no new message, wait up to --grace seconds for the
 running commands, then send them SIGTERM (SIGKILL after --kill-after more seconds); their
 messages (and those of commands killed by the same signal, e.g. a terminal's Ctrl-C) are
-nacked for delivery at once. A second signal ends the grace period at once.
+nacked for delivery at once. A second signal ends the grace period at once. With
+--prefetch N each slot claims up to N messages at once (distinct keys, one store step: on
+PostgreSQL one commit per batch instead of per message) and runs them in turn; a drain lets
+it run the rest of its batch within the grace period, and what has not started when the
+grace period ends is delivered again at once.
 
 exit codes: 0 stopped (drained after a signal, --max-messages handled, or --idle-timeout
 passed); 127 CMD not found; 2 bad arguments; 69 store unavailable; 78 bad URL.
@@ -97,6 +103,14 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         type=_support.int_type("--concurrency", 1, 1000),
         default=1,
         help="commands run at once by this worker (1 to 1000; default 1)",
+    )
+    p.add_argument(
+        "--prefetch",
+        metavar="N",
+        type=_support.int_type("--prefetch", 1, MAX_PREFETCH),
+        default=1,
+        help="messages each of the --concurrency slots claims in one store step and runs one "
+        f"after another; their acks go with its next claim (1 to {MAX_PREFETCH}; default 1)",
     )
     p.add_argument(
         "--queue-concurrency",
@@ -219,6 +233,11 @@ class _Runner:
         self.drain_started = threading.Event()
 
     def __call__(self, message: Message) -> None:
+        if self.terminated:
+            # The grace period is over and this message (the rest of a --prefetch batch) has
+            # not started: deliver it again at once rather than start a command to kill.
+            message.nack(0.0, "not started: the worker was shutting down")
+            raise CommandFailed("not started: the worker was shutting down")
         body, _ = encode_payload(message.payload)
         env = dict(os.environ)
         env.update(
@@ -427,6 +446,7 @@ def work_command(args: argparse.Namespace) -> int:
                 _support.note(
                     f"working on queue {args.queue!r} with "
                     f"{args.concurrency} command(s) at a time"
+                    + (f", claiming up to {args.prefetch} at once" if args.prefetch > 1 else "")
                 )
             result = queue.work(
                 runner,
@@ -436,6 +456,7 @@ def work_command(args: argparse.Namespace) -> int:
                 backoff=args.backoff,
                 max_backoff=args.max_backoff,
                 handle_signals=False,
+                prefetch=args.prefetch,
             )
         finally:
             drain.restore()
