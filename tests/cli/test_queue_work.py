@@ -305,6 +305,41 @@ def test_sigterm_past_grace_terminates_and_nacks_for_redelivery(store: str, tmp_
     assert {m.attempt for m in taken if m is not None} == {2}
 
 
+def test_past_grace_the_unstarted_rest_of_a_prefetched_batch_is_not_run(
+    store: str, tmp_path: Path
+) -> None:
+    """--prefetch 2 with one slot: both messages claimed in one step, the first command
+    running. SIGTERM with a short grace period: the running command is terminated and its
+    message nacked, and the second message, reached after the grace period ended, is nacked
+    without its command ever starting; both can be delivered again at once."""
+    with queue(store) as q:
+        ids = {q.put(n, key=f"k{n}") for n in range(2)}
+    proc = spawn(
+        "queue", "work", "jobs", "--url", store, "--prefetch", "2", "--grace", "0.2",
+        "--", *sh(WAIT_FOR_GO.format(d=tmp_path)),
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _started(tmp_path) == 1, 60, "the first command running")
+        with queue(store) as q:
+            assert q.stats().in_flight == 2  # the batch: both claimed
+        proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, err
+    assert "stopped (SIGTERM): 0 acked, 2 failed" in err
+    assert _started(tmp_path) == 1  # the second command never ran
+    assert (tmp_path / "termed").read_text().split() == ["term"]
+    with queue(store) as q:
+        stats = q.stats()
+        assert (stats.ready, stats.in_flight, stats.dead) == (2, 0, 0)
+        taken = [q.get(timeout=0) for _ in ids]
+    assert {m.id for m in taken if m is not None} == ids
+
+
 def test_a_second_signal_ends_the_grace_period_at_once(store: str, tmp_path: Path) -> None:
     with _two_commands_running(store, tmp_path, "--grace", "600") as (proc, _):
         proc.send_signal(signal.SIGTERM)
