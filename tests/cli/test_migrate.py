@@ -1,7 +1,8 @@
 """``turnstile migrate``: the schema version, the SQL a DBA reviews and applies (``--print-sql``)
 and ``--apply``; a role that may not create the schema is told to use it. PostgreSQL with a
 real restricted role of the test's own (and its own schemas), dropped afterwards; SQLite on
-the test's own files."""
+the test's own files. Redis 7: the function libraries shown, loaded (``--apply``) and other
+releases' deleted (``--prune``), on a redis-server of the test's own."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -190,3 +192,114 @@ def test_sqlite_print_sql_and_apply(tmp_path: Path) -> None:
     applied = run("migrate", "--url", f"sqlite:///{other}", "--apply")
     assert applied.returncode == 0, applied.stderr
     assert applied.stdout.startswith("applied: ") and "up to date" in applied.stdout
+
+
+# -- Redis: function libraries ----------------------------------------------------------------
+# Another release's lock library (a name of Turnstile's pattern, another hash), a library that
+# only looks like Turnstile's, and a user's library: the last two are never touched.
+OLD = "turnstile_lock_" + "0" * 20
+LOOKALIKE = "turnstile_notours"
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Any]:
+    """A redis-server of the test's own: --prune deletes every Turnstile library of another
+    release on the server it is given, which on a shared server would be other runs' data."""
+    from tests.stores.redis._tools import redis_process
+
+    with redis_process(tmp_path / "redis", "--appendonly", "no") as server:
+        yield server
+
+
+def _library(name: str, function: str) -> str:
+    return (
+        f"#!lua name={name}\n"
+        f"redis.register_function('{function}', function(keys, args) return 1 end)"
+    )
+
+
+def _library_names(server: Any) -> list[str]:
+    with server.admin() as admin:
+        listed = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in admin.function_list()]
+    return sorted(lib[b"library_name"].decode() for lib in listed)
+
+
+def test_redis_libraries_are_shown_loaded_and_pruned(private_redis: Any) -> None:
+    from turnstile.stores.redis import scripts
+
+    ours = sorted(scripts.library(folder)[0].name for folder in scripts.FOLDERS)
+    with private_redis.admin() as admin:
+        admin.function_load(_library(OLD, "turnstile_" + "0" * 20 + "_acquire"))
+        admin.function_load(_library(LOOKALIKE, "lookalike_f"))
+        admin.function_load(_library("mine", "mine_f"))
+    url = private_redis.url
+    shown = run("migrate", "--url", url, "--json")
+    assert shown.returncode == 0, shown.stderr
+    [entry] = json.loads(shown.stdout)
+    assert entry["functions"] is True and entry["version"].startswith(("7", "8", "9"))
+    assert entry["current"] == dict.fromkeys(ours, False)
+    assert entry["others"] == [OLD] and entry["loaded"] == entry["deleted"] == []
+    text = run("migrate", "--url", url)
+    assert text.returncode == 0, text.stderr
+    assert "0 of this release's 3 function libraries loaded" in text.stdout
+    assert f"1 of other releases (--prune deletes them): {OLD}" in text.stdout
+    assert _library_names(private_redis) == sorted([OLD, LOOKALIKE, "mine"])  # shown only
+    done = run("migrate", "--url", url, "--apply", "--prune", "--json")
+    assert done.returncode == 0, done.stderr
+    [entry] = json.loads(done.stdout)
+    assert entry["current"] == dict.fromkeys(ours, True)
+    assert sorted(entry["loaded"]) == ours and entry["deleted"] == [OLD] and entry["others"] == []
+    assert _library_names(private_redis) == sorted([*ours, LOOKALIKE, "mine"])
+    again = run("migrate", "--url", url, "--apply", "--prune", "--json")
+    [entry] = json.loads(again.stdout)
+    assert entry["loaded"] == entry["deleted"] == [] and all(entry["current"].values())
+    # A client of this release finds its libraries loaded: FCALL at once, no FUNCTION LOAD.
+    loads = private_redis.commandstats(raw=True)["function|load"]
+    client = turnstile.connect(f"{url}?prefix=tt-migrate:")
+    try:
+        client.lock("job", ttl=5).acquire(timeout=1).release()
+        client.queue("q").put(1)
+    finally:
+        client.close()
+    stats = private_redis.commandstats(raw=True)
+    assert stats.get("fcall", 0) >= 3 and stats["function|load"] == loads
+
+
+def test_redis_migrate_refusals(private_redis: Any) -> None:
+    url = private_redis.url
+    for args, needle in [
+        (["--print-sql"], "--print-sql applies only to PostgreSQL and SQLite"),
+        (["--apply", "--grant", "app"], "--grant applies only to PostgreSQL and SQLite"),
+    ]:
+        out = run("migrate", "--url", url, *args)
+        assert out.returncode == 2 and needle in out.stderr, (args, out.stderr)
+    # A user who may run the steps but not load functions: told what it could not do, the
+    # password never shown, no traceback.
+    with private_redis.admin() as admin:
+        admin.acl_setuser(
+            "app", enabled=True, passwords=["+pw-7d2e"], keys=["*"],
+            commands=["+@all", "-function|load", "-function|delete"],
+        )  # fmt: skip
+    user_url = f"redis://app:pw-7d2e@127.0.0.1:{private_redis.port}/0"
+    shown = run("migrate", "--url", user_url)
+    assert shown.returncode == 0 and "0 of this release's 3" in shown.stdout, shown.stderr
+    refused = run("migrate", "--url", user_url, "--apply")
+    assert refused.returncode == 78, refused.stderr
+    assert "could not load this release's function libraries (FUNCTION LOAD)" in refused.stderr
+    assert "pw-7d2e" not in refused.stderr + refused.stdout
+    assert "Traceback" not in refused.stderr
+
+
+def test_redis_cluster_libraries_on_every_master() -> None:
+    """Every master of the suite's own Cluster shows (and with --apply has) this release's
+    libraries. No --prune here: the Cluster URL may be a user's."""
+    url = os.environ.get("TURNSTILE_TEST_REDIS_CLUSTER_URL")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("TURNSTILE_TEST_REDIS_CLUSTER_URL is not set under CI")
+        pytest.skip("TURNSTILE_TEST_REDIS_CLUSTER_URL is not set (scripts/dev.py test sets it)")
+    done = run("migrate", "--url", url, "--apply", "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert len(found) >= 3 and len({e["server"] for e in found}) == len(found)
+    assert all(all(e["current"].values()) and e["deleted"] == [] for e in found)

@@ -1,14 +1,18 @@
 """``turnstile migrate``: the schema version of a store, and the SQL that brings it up to date
-(``--print-sql``, for a DBA to review and apply) or applying it (``--apply``).
+(``--print-sql``, for a DBA to review and apply) or applying it (``--apply``); on Redis 7+,
+the function libraries of this release (``--apply`` loads them on every master) and of other
+releases (``--prune`` deletes those).
 
-A client migrates the schema itself on its first connection when its role may; this command
-is for the roles that may not (docs/postgres.md, "Permissions")."""
+A client migrates the schema itself on its first connection when its role may, and loads its
+Redis libraries on first use when its user may; this command is for the roles and users that
+may not (docs/postgres.md, "Permissions"; docs/redis.md, "Function libraries")."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._core import urls
@@ -22,9 +26,17 @@ examples:
   psql -v ON_ERROR_STOP=1 -f turnstile.sql postgresql://dba@db/prod  # the DBA, after review
   turnstile migrate --url postgresql://dba@db/prod --apply --grant app
 
+  turnstile migrate --url redis://admin:pw@cache:6379 --apply --prune  # Redis 7 libraries
+
 --print-sql prints the migrations the schema lacks (all of them with --all, without
 connecting) as one transaction, with the version bookkeeping; it refuses to run if the
 schema moved on meanwhile. SQLite (sqlite:///path) can --apply and --print-sql too.
+
+On Redis 7 or later (every master of a Cluster) it shows which of this release's function
+libraries are loaded and which Turnstile libraries of other releases are there; --apply
+loads this release's (for application users that may FCALL but not FUNCTION LOAD), --prune
+deletes the others (a client of another release still running loads its own again at its
+next step). Libraries that are not Turnstile's are never touched.
 """
 
 
@@ -72,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Show the schema version of the store named by --url (PostgreSQL, SQLite), print\n"
             "the SQL that brings it to this release's version (--print-sql), or apply it\n"
-            "(--apply)."
+            "(--apply). On Redis 7+: this release's function libraries (--apply loads them)\n"
+            "and other releases' (--prune deletes them)."
         ),
         epilog=EPILOG,
     )
@@ -80,7 +93,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     action.add_argument(
         "--print-sql", action="store_true", help="print the SQL a DBA can review and apply"
     )
-    action.add_argument("--apply", action="store_true", help="apply the missing migrations")
+    action.add_argument(
+        "--apply",
+        action="store_true",
+        help="apply the missing migrations (Redis: load this release's function libraries)",
+    )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="Redis: delete the Turnstile function libraries of other releases",
+    )
     parser.add_argument(
         "--all",
         action="store_true",
@@ -106,9 +128,16 @@ def migrate_command(args: argparse.Namespace) -> int:
         raise InvalidArgument("--grant must name a role (1 or more characters, no NUL)")
     url = _support.resolved_url(args)
     entry, parts = urls.split(url)
+    if entry.module == "redis":
+        for flag, given in (("--print-sql", args.print_sql), ("--grant", args.grant)):
+            if given:
+                args.migrate_parser.error(f"{flag} applies only to PostgreSQL and SQLite")
+        return _redis(args)
+    if args.prune:
+        args.migrate_parser.error("--prune applies only to Redis")
     if entry.module not in ("postgres", "sqlite"):
         raise ConfigurationError(
-            f"turnstile migrate works on postgresql:// and sqlite:/// stores; "
+            f"turnstile migrate works on postgresql://, sqlite:/// and redis:// stores; "
             f"{parts.scheme}:// keeps no schema to migrate"
         )
     if entry.module == "sqlite":
@@ -251,6 +280,135 @@ def _sqlite(args: argparse.Namespace, url: str, url_path: str) -> int:
         return _support.EXIT_OK
     _print_result(args, SchemaVersion("sqlite", path, applied, latest))
     return _support.EXIT_OK if applied == latest else _support.EXIT_FAILURE
+
+
+# -- Redis ----------------------------------------------------------------------------------
+# A Turnstile function library (stores/redis/scripts.py, library()): its folder and a hash of
+# its text. Nothing else is ever loaded, listed as Turnstile's or deleted here.
+LIBRARY_NAME = re.compile(r"turnstile_(lock|queue|rate)_[0-9a-f]{20}")
+
+
+@dataclass(frozen=True)
+class RedisLibraries:
+    """The Turnstile function libraries of one Redis server (a Cluster master)."""
+
+    server: str  # host:port
+    version: str  # the server's redis_version
+    functions: bool  # Redis 7 or later: it can run function libraries
+    current: dict[str, bool] = field(default_factory=dict)  # this release's: name -> loaded
+    others: tuple[str, ...] = ()  # Turnstile libraries of other releases
+    loaded: tuple[str, ...] = ()  # loaded by this command (--apply)
+    deleted: tuple[str, ...] = ()  # deleted by this command (--prune)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "version": self.version,
+            "functions": self.functions,
+            "current": self.current,
+            "others": list(self.others),
+            "loaded": list(self.loaded),
+            "deleted": list(self.deleted),
+        }
+
+    def describe(self) -> str:
+        if not self.functions:
+            return (
+                f"Redis {self.version} at {self.server}: runs no function libraries (Redis 7 "
+                "or later does); Turnstile sends its steps as scripts, nothing to load"
+            )
+        have = sum(self.current.values())
+        lines = [
+            f"Redis {self.version} at {self.server}: {have} of this release's "
+            f"{len(self.current)} function libraries loaded"
+            + ("" if have == len(self.current) or self.loaded else
+               " (a client loads them at first use when its user may; or run --apply)")
+        ]
+        lines += [f"  loaded: {name}" for name in self.loaded]
+        if self.deleted:
+            lines += [f"  deleted (another release's): {name}" for name in self.deleted]
+        if self.others:
+            lines.append(
+                f"  {len(self.others)} of other releases (--prune deletes them): "
+                + ", ".join(self.others)
+            )
+        return "\n".join(lines)
+
+
+def _library_rows(reply: Any) -> list[str]:
+    """Library names from a FUNCTION LIST reply (RESP2 flat lists or RESP3 maps)."""
+    names = []
+    for entry in reply or []:
+        if isinstance(entry, dict):
+            fields = entry
+        else:
+            items = list(entry)
+            fields = dict(zip(items[::2], items[1::2], strict=False))
+        for key, value in fields.items():
+            if (key.decode() if isinstance(key, bytes) else key) == "library_name":
+                names.append(value.decode() if isinstance(value, bytes) else str(value))
+    return names
+
+
+def _redis(args: argparse.Namespace) -> int:
+    from redis.exceptions import RedisError
+
+    from ..stores.redis import driver, scripts
+
+    libraries = {lib.name: lib for lib, _ in (scripts.library(f) for f in scripts.FOLDERS)}
+    found: list[RedisLibraries] = []
+    with _support.connect(args) as client:
+        connection: Any = client.backend.connection  # type: ignore[attr-defined]
+        config = connection.config
+        redis_client = connection.client
+        nodes = redis_client.get_primaries() if hasattr(redis_client, "get_primaries") else [None]
+        for node in nodes:
+            # A Cluster: each master in turn (target_nodes); one server: the server.
+            where = {} if node is None else {"target_nodes": node}
+            server = config.shown if node is None else f"{node.host}:{node.port}"
+            what = "read the server's version (INFO)"
+            try:
+                version = str(redis_client.info("server", **where).get("redis_version", "?"))
+                major = version.split(".")[0]
+                if major.isdigit() and int(major) < 7:
+                    found.append(RedisLibraries(server, version, False))
+                    continue
+                what = "list the function libraries (FUNCTION LIST)"
+                reply = redis_client.execute_command(
+                    "FUNCTION LIST", "LIBRARYNAME", "turnstile_*", **where
+                )
+                present = {n for n in _library_rows(reply) if LIBRARY_NAME.fullmatch(n)}
+                loaded: list[str] = []
+                if args.apply:
+                    what = "load this release's function libraries (FUNCTION LOAD)"
+                    for name, lib in libraries.items():
+                        if name not in present:
+                            redis_client.execute_command(
+                                "FUNCTION LOAD", "REPLACE", lib.text, **where
+                            )
+                            loaded.append(name)
+                others = sorted(present - set(libraries))
+                deleted: list[str] = []
+                if args.prune:
+                    what = "delete other releases' function libraries (FUNCTION DELETE)"
+                    for name in others:
+                        redis_client.execute_command("FUNCTION DELETE", name, **where)
+                        deleted.append(name)
+                    others = []
+                found.append(RedisLibraries(
+                    server, version, True,
+                    {name: name in present or name in loaded for name in libraries},
+                    tuple(others), tuple(loaded), tuple(deleted),
+                ))  # fmt: skip
+            except RedisError as exc:
+                raise ConfigurationError(
+                    f"Redis at {server}: could not {what}: {driver.safe_message(exc, config)}"
+                ) from None
+    if args.json:
+        _support.print_json([f.to_dict() for f in found])
+    else:
+        print("\n".join(f.describe() for f in found))
+    return _support.EXIT_OK
 
 
 def schema_version(url: str) -> SchemaVersion | None:
