@@ -93,6 +93,27 @@ def test_redelivery_after_visibility_timeout_and_stale_receipts(qclient: Client)
     m2.ack()
 
 
+def test_a_claim_repeated_after_a_lost_reply_loses_nothing(qclient: Client) -> None:
+    """A claim is not deduplicated by its receipt (docs/queue.md, "A lost reply"): repeated
+    with the same receipt, as a client repeats a claim whose reply it lost, it hands out the
+    next message; the first delivery stays in flight until its visibility timeout and is then
+    delivered again. Both settle by their own id and receipt; nothing is lost."""
+    vt = 2.0  # the next lines run well within it, however loaded the machine
+    q = qclient.queue("lost-reply", visibility_timeout=vt)
+    q.put("a1", key="A")
+    q.put("b1", key="B")
+    first = q.claim("the-same-receipt").delivery  # its reply "lost"
+    repeat = q.claim("the-same-receipt").delivery
+    assert first is not None and repeat is not None
+    assert (first.key, repeat.key) == ("A", "B") and first.receipt == repeat.receipt
+    assert q.stats().in_flight == 2
+    assert q.ack(repeat.id, repeat.receipt) is True
+    again = q.get(timeout=60)  # A's message, once its visibility timeout passed
+    assert again is not None and (again.id, again.attempt) == (first.id, 2)
+    assert again.ack() is True
+    assert q.stats().pending == 0
+
+
 def test_ack_from_another_client(qclient: Client, backend) -> None:  # type: ignore[no-untyped-def]
     if not backend.cross_process:
         pytest.skip("memory:// is one process: no second client sees its data")

@@ -207,10 +207,15 @@ class AsyncQueue:
     async def claim(self, receipt: str | None = None) -> records.ClaimResult:
         """One claim step, never waiting: the delivery if a message is deliverable now, with
         the store's ``now`` and ``retry_after`` (when a delayed or in-flight message may
-        become deliverable). ``receipt`` names the delivery (default: a new random one); a
-        caller that retries with the same receipt cannot be handed two deliveries. Settle it
-        with :meth:`ack`, :meth:`nack` or :meth:`extend`. A non-blocking :meth:`get`, with
-        the store's whole answer."""
+        become deliverable). ``receipt`` names the delivery (default: a new random one).
+        Settle it with :meth:`ack`, :meth:`nack` or :meth:`extend`. A non-blocking
+        :meth:`get`, with the store's whole answer.
+
+        A claim is not deduplicated by its receipt: one repeated after its reply was lost
+        (a dropped connection) hands out the next deliverable message, and the delivery the
+        lost reply carried stays in flight until its visibility timeout, then is delivered
+        again. Nothing is lost, but that message (and its key) waits up to
+        ``visibility_timeout``."""
         return await self._claim(None, None if receipt is None else validate.receipt(receipt))
 
     async def _claim(self, waiter: str | None, receipt: str | None = None) -> records.ClaimResult:

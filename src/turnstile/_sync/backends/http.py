@@ -290,7 +290,9 @@ class HTTPQueueBackend(StepwiseBatches):
                 "concurrency": concurrency,
                 "max_attempts": max_attempts,
             },
-            idempotent=True,  # one delivery per receipt: a repeat answers the same one
+            # Repeated after a lost reply: the next message is handed out, the lost one
+            # delivered again after its visibility timeout (at least once, nothing lost).
+            idempotent=True,
         )
         message = data.get("message")
         return ClaimResult(
