@@ -79,7 +79,7 @@ class _NeverIdle(dict):  # type: ignore[type-arg]
     """A PostgreSQL backend's ``_known`` whose names are never taken for idle."""
 
     def get(self, key: object, default: object = None) -> Any:
-        return False if key in self else None
+        return 0 if key in self else None  # a name it knows never has a streak of fast grants
 
 
 class TurnstileLock(LockAdapter):

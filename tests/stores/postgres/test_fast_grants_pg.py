@@ -286,49 +286,57 @@ def test_the_names_a_client_remembers_are_bounded(pg_url: str, monkeypatch: Any)
         off.close()
 
 
-def test_a_name_idle_at_its_last_acquire_is_granted_by_the_bare_update(pg_url: str) -> None:
-    """prepare=on: a name whose last acquire by this client was a fast grant goes by
-    acquire_idle, the UPDATE alone (one statement, the function never planned in). When
+def test_a_name_idle_at_its_last_acquires_is_granted_by_the_bare_update(pg_url: str) -> None:
+    """prepare=on: a name whose last IDLE_STREAK acquires by this client were fast grants goes
+    by acquire_idle, the UPDATE alone (one statement, the function never planned in). When
     another client took the name meanwhile, that UPDATE changes nothing and the function does
-    the whole step (the caller joins the line: one statement more), and the hint turns: the
-    caller's next step is acquire_fast again, one statement."""
+    the whole step (the caller joins the line: one statement more), and the streak starts
+    again: the caller's next steps are acquire_fast, one statement each."""
+    from turnstile._sync.backends.postgres import IDLE_STREAK
+
+    assert IDLE_STREAK == 2
     one = turnstile.connect(f"{pg_url}&prepare=on")
     two = turnstile.connect(f"{pg_url}&prepare=on")
     a: Any = one.backend
     b: Any = two.backend
-    try:
-        g = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
-        assert g.grant is not None and a._known["n"] is True  # acquire_fresh's fast grant
-        assert a.release("n", "h1", g.grant.token)
+
+    def cycle(expect_statements: int, expect_streak: int) -> int:
         sent = a.statements
-        again = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
-        assert again.grant is not None and again.grant.token > g.grant.token
-        assert a.statements - sent == 1 and a._known["n"] is True
-        assert a.release("n", "h1", again.grant.token)
+        g = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert g.grant is not None
+        assert (a.statements - sent, a._known["n"]) == (expect_statements, expect_streak)
+        assert a.release("n", "h1", g.grant.token)
+        return int(g.grant.token)
+
+    try:
+        first = cycle(1, 1)  # acquire_fresh: a fast grant
+        second = cycle(1, 2)  # acquire_fast: a fast grant
+        third = cycle(1, 2)  # acquire_idle
+        assert first < second < third
         # Another client holds it now: the bare UPDATE grants nothing, the function queues.
         other = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         assert other.grant is not None
         sent = a.statements
         w = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         assert w.grant is None and w.position == 0 and w.wait_id is not None
-        assert a.statements - sent == 2 and a._known["n"] is False
+        assert a.statements - sent == 2 and a._known["n"] == 0
         sent = a.statements
         still = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         assert still.grant is None and still.position == 0 and still.wait_id == w.wait_id
         assert a.statements - sent == 1  # acquire_fast, which calls the function itself
-        # The holder leaves: the waiter's next step finds its grant; a later acquire of the
-        # name, idle again, goes by acquire_fast (granted there), then acquire_idle again.
+        # The holder leaves: the waiter's next step finds its grant (by the function); the
+        # name's next fast grants build the streak again.
         assert b.release("n", "h2", other.grant.token)
         mine = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
-        assert mine.grant is not None and a._known["n"] is False  # granted by the function
+        assert mine.grant is not None and a._known["n"] == 0  # granted by the function
         assert a.release("n", "h1", mine.grant.token)
-        fast = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
-        assert fast.grant is not None and a._known["n"] is True
-        assert a.release("n", "h1", fast.grant.token)
+        cycle(1, 1)
+        cycle(1, 2)
+        cycle(1, 2)
         # A try-acquire (no line) of a busy name: refused, nothing left behind.
         other = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         refused = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=False)
-        assert refused.grant is None and refused.wait_id is None
+        assert refused.grant is None and refused.wait_id is None and a._known["n"] == 0
         assert [h.holder for h in one.status("n").holders] == ["h2"]
         assert not one.status("n").waiters
     finally:
@@ -347,9 +355,9 @@ def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str)
     client = turnstile.connect(f"{pg_url}&prepare=on&durability=relaxed")
     backend: Any = client.backend
     try:
-        for _ in range(3):  # acquire_fresh, then acquire_idle twice
+        for streak in (1, 2, 2):  # acquire_fresh, acquire_fast, then acquire_idle
             g = backend.acquire("r", "h", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
-            assert g.grant is not None and backend._known["r"] is True
+            assert g.grant is not None and backend._known["r"] == streak
             assert backend.release("r", "h", g.grant.token)
     finally:
         client.close()

@@ -229,8 +229,8 @@ class _AlwaysIdle(dict):  # type: ignore[type-arg]
     """A backend's ``_known`` that takes every name for idle: every acquire sends
     acquire_idle first, and the function when that finds the name busy."""
 
-    def get(self, key: object, default: object = None) -> bool:
-        return True
+    def get(self, key: object, default: object = None) -> int:
+        return 1 << 20  # any streak long enough
 
     def __setitem__(self, key: object, value: object) -> None:
         pass
@@ -241,8 +241,8 @@ class _AlwaysIdle(dict):  # type: ignore[type-arg]
 def test_sql_functions_follow_the_model(pg_url: str, seed: int, prepare: str) -> None:
     """prepare=on: acquire and release as the plain statements of queries.sql (their fast
     paths inline, the functions called when those do not apply): acquire_fresh for a name's
-    first acquire by the client, then acquire_idle or acquire_fast by whether the last one
-    was a fast grant. "fresh": acquire_fresh every time (as a client that has not seen the
+    first acquire by the client, then acquire_idle or acquire_fast by whether the last ones
+    were fast grants. "fresh": acquire_fresh every time (as a client that has not seen the
     name sends it, whatever state the name is in). "idle": acquire_idle every time, then the
     function when it grants nothing (as a client whose hint is wrong sends them)."""
     rng = random.Random(seed)

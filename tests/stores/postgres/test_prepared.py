@@ -100,6 +100,7 @@ def test_a_statement_the_server_connection_already_has_is_used(
     lock = client.lock("dup", ttl=30)
     lock.acquire(timeout=5).release()  # acquire_fresh: the client had not seen the name
     lock.acquire(timeout=5).release()  # acquire_fast
+    lock.acquire(timeout=5).release()  # acquire_idle: two fast grants in a row
     before = _server_names(client)
     with _connection(client).borrow() as conn:
         prepared.recover(conn, prepared.MISSING)  # the cache forgets; the server keeps them

@@ -49,6 +49,10 @@ from .postgres_listen import ARMED_FIRST, Listener, PostgresWaiter
 
 # Steps that put a holder in line, remembered until its waiter is armed: at most this many.
 MARKS_MAX = 4096
+# Fast grants in a row after which a client sends a name acquire_idle (the bare UPDATE): one
+# would already pay on a name used by one worker at a time, but a name that is sometimes
+# contended (a webhook feed's orders) then often costs the miss's extra round trip.
+IDLE_STREAK = 2
 # How many names a client remembers having acquired (PostgresBackend._known).
 KNOWN_MAX = 4096
 
@@ -83,13 +87,14 @@ class PostgresBackend:
         self.connection = connection
         self._q = {name: connection.query(name) for name in pg.QUERIES}
         # Names this client acquired lately (at most KNOWN_MAX, oldest dropped first), each
-        # with whether its last acquire here was a fast grant (the name was idle). Their rows
-        # exist, so acquire sends acquire_idle (the bare UPDATE) to a name that was idle and
-        # acquire_fast (the UPDATE, with the function when the name is busy) to the rest; any
-        # other name gets acquire_fresh, which also makes the row of a new name in the same
-        # statement. Only a hint: acquire_fast and acquire_fresh answer every case, and when
-        # acquire_idle finds the name busy the function is called (queries.sql).
-        self._known: dict[str, bool] = {}
+        # with how many of its last acquires here in a row were fast grants (the name was
+        # idle; counted up to IDLE_STREAK). Their rows exist, so acquire sends acquire_idle
+        # (the bare UPDATE) to a name idle at its last IDLE_STREAK acquires and acquire_fast
+        # (the UPDATE, with the function when the name is busy) to the rest; any other name
+        # gets acquire_fresh, which also makes the row of a new name in the same statement.
+        # Only a hint: acquire_fast and acquire_fresh answer every case, and when acquire_idle
+        # finds the name busy the function is called, a round trip more (queries.sql).
+        self._known: dict[str, int] = {}
         self._known_max = KNOWN_MAX if self.config.prepare else 0
         self._acquire_call = self.config.query("acquire")  # the function, whatever prepare is
         # (name, holder) -> (listener, its mark before the step that put holder in line, when
@@ -221,9 +226,9 @@ class PostgresBackend:
         if not self._known_max:
             params["wake"] = pg.wake_key(name, holder) if channel else None
             return self._run(self._q["acquire"], params, "acquire")
-        idle = known.get(name)
-        if idle:
-            # Idle at its last acquire here: the bare UPDATE, which grants on an idle name
+        streak = known.get(name)
+        if streak is not None and streak >= IDLE_STREAK:
+            # Idle at its last acquires here: the bare UPDATE, which grants on an idle name
             # and returns nothing on a busy one (then the function does the whole step).
             row = self._run(self._q["acquire_idle"], params, "acquire")
             if row is None:
@@ -231,14 +236,15 @@ class PostgresBackend:
                 row = self._run(self._acquire_call, params, "acquire")
         else:
             params["wake"] = pg.wake_key(name, holder) if channel else None
-            statement = self._q["acquire_fast" if idle is not None else "acquire_fresh"]
+            statement = self._q["acquire_fast" if streak is not None else "acquire_fresh"]
             row = self._run(statement, params, "acquire")
         # Whether a fast grant answered (the last column of the statements of queries.sql;
-        # the function has no such column): the next acquire of the name here picks by it.
+        # the function has no such column): the name's next acquire here picks by the streak.
         fast = len(row) > 8 and row[8] is True
-        if fast is not idle:
-            new = idle is None
-            known[name] = fast
+        now_streak = min((streak or 0) + 1, IDLE_STREAK) if fast else 0
+        if now_streak != streak:
+            new = streak is None
+            known[name] = now_streak
             if new:
                 # Safe from several threads, as _remember: a concurrent eviction is skipped.
                 with contextlib.suppress(RuntimeError, KeyError, StopIteration):
