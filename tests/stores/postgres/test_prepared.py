@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import turnstile
+from turnstile._sync.backends.postgres import IDLE_STREAK
 from turnstile.stores.postgres import prepared, wire
 
 from ._util import client_connection, small_client
@@ -99,8 +100,8 @@ def test_a_statement_the_server_connection_already_has_is_used(
     behind the same pooler may have left it): same name, same text, so it is adopted."""
     lock = client.lock("dup", ttl=30)
     lock.acquire(timeout=5).release()  # acquire_fresh: the client had not seen the name
-    lock.acquire(timeout=5).release()  # acquire_fast
-    lock.acquire(timeout=5).release()  # acquire_idle: two fast grants in a row
+    for _ in range(IDLE_STREAK):  # acquire_fast, then acquire_idle after a streak of fast grants
+        lock.acquire(timeout=5).release()
     before = _server_names(client)
     with _connection(client).borrow() as conn:
         prepared.recover(conn, prepared.MISSING)  # the cache forgets; the server keeps them

@@ -50,8 +50,10 @@ from .postgres_listen import ARMED_FIRST, AsyncListener, AsyncPostgresWaiter
 MARKS_MAX = 4096
 # Fast grants in a row after which a client sends a name acquire_idle (the bare UPDATE): one
 # would already pay on a name used by one worker at a time, but a name that is sometimes
-# contended (a webhook feed's orders) then often costs the miss's extra round trip.
-IDLE_STREAK = 2
+# contended (a webhook feed's orders) would then often pay a miss's extra round trip. A name
+# used over and over by one worker reaches it after a few uses; an order of a webhook feed,
+# which a worker sees a few times at most, practically never.
+IDLE_STREAK = 4
 # How many names a client remembers having acquired (AsyncPostgresBackend._known).
 KNOWN_MAX = 4096
 
