@@ -100,3 +100,22 @@ def test_what_an_fcall_error_means() -> None:
     assert scripts.function_missing("unknown command 'FCALL', with args beginning with:") is False
     assert scripts.function_missing("NOPERM User x has no permissions to run 'fcall'") is False
     assert scripts.function_missing("TURNSTILE name-collision: two names share") is None
+
+
+def test_the_shared_helpers_are_in_one_file_first_in_every_script_and_library() -> None:
+    common = LUA_ROOT.joinpath("_common.lua").read_text("utf-8")
+    # Only declarations (no top-level variable a step could change).
+    assert not _top_level_locals(common)
+    helpers = re.findall(r"^local function (\w+)", common, re.M)
+    assert helpers == ["fmt", "server_us"]
+    for folder, operations in scripts.FOLDERS.items():
+        for name in ("_head.lua", "_lib.lua"):
+            f = LUA_ROOT.joinpath(folder, name)
+            text = f.read_text("utf-8") if f.is_file() else ""
+            for helper in helpers:
+                assert f"local function {helper}(" not in text, (folder, name, helper)
+            assert "redis.call('TIME')" not in text, (folder, name)  # server_us() only
+        for operation in operations:
+            assert scripts.script_text(folder, operation).startswith(common)
+        lib = scripts.library(folder)[0].text
+        assert lib.index(common) < lib.index("local OPERATIONS")

@@ -82,13 +82,14 @@ class Script:
 
 
 def script_text(folder: str, operation: str) -> str:
-    """The Lua source of one operation: the folder's ``_head.lua`` (declarations every
-    script of the folder shares, where there is one), the operation's fast path
+    """The Lua source of one operation: ``lua/_common.lua`` (the helpers of every folder),
+    the folder's ``_head.lua`` (declarations every script of the folder shares, where there
+    is one), the operation's fast path
     (``_fast_<operation>.lua``, where there is one: it answers the commonest case before
     the library's helpers are even made, and falls through otherwise), the folder's
     library, then the operation."""
     head, fast, lib, body = _parts(folder, operation)
-    return "\n".join(p for p in (head, fast, lib, BEGIN, body) if p)
+    return "\n".join(p for p in (_common(), head, fast, lib, BEGIN, body) if p)
 
 
 # Every _lib.lua defines begin(), which sets the step's state afresh: a script calls it once,
@@ -107,6 +108,14 @@ def _read(folder: str, name: str) -> str:
     return f.read_text("utf-8") if f.is_file() else ""
 
 
+@functools.cache
+def _common() -> str:
+    """``lua/_common.lua``: the helpers every folder shares (``fmt``, ``server_us``), first
+    in every script and library."""
+    f = resources.files("turnstile.stores.redis").joinpath("lua", "_common.lua")
+    return f.read_text("utf-8")
+
+
 def _parts(folder: str, operation: str) -> tuple[str, str, str, str]:
     lib = _read(folder, "_lib.lua")
     if BEGIN_DEFINED not in lib:
@@ -123,13 +132,13 @@ def library(folder: str) -> tuple[Library, dict[str, str]]:
     """The folder's operations as one function library, and each operation's function name.
 
     The library declares ``KEYS`` and ``ARGV`` (globals in a script; a function gets them as
-    arguments), then the head and the library as a script has them, then one Lua function
-    per operation: its fast path, ``begin()``, its own file. Each registered function sets
-    ``KEYS``, ``ARGV`` and, for locks, ``PRELOAD`` (``_head.lua``) and calls it, so every step
-    starts from the same state a script starts from."""
+    arguments), then ``lua/_common.lua``, the head and the library as a script has them,
+    then one Lua function per operation: its fast path, ``begin()``, its own file. Each
+    registered function sets ``KEYS``, ``ARGV`` and, for locks, ``PRELOAD`` (``_head.lua``)
+    and calls it, so every step starts from the same state a script starts from."""
     ops = FOLDERS[folder]
     head, _, lib, _ = _parts(folder, ops[0])
-    chunks = ["local KEYS, ARGV = {}, {}", head, lib, "local OPERATIONS = {}"]
+    chunks = ["local KEYS, ARGV = {}, {}", _common(), head, lib, "local OPERATIONS = {}"]
     for op in ops:
         _, fast, _, body = _parts(folder, op)
         chunks.append(f"OPERATIONS[{op!r}] = function()\n{fast}\n{BEGIN}\n{body}\nend")

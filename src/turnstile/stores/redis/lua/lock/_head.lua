@@ -11,16 +11,6 @@ local PRELOAD = false
 local KEEP_US = 3600 * 1000000
 local SLACK_US = 300 * 1000000
 
-local function fmt(n)
-  return string.format('%d', n)
-end
-
--- The server clock (TIME) in integer microseconds.
-local function server_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
 -- The name's record as a step first reads it, for `holder` (one HMGET; load() in _lib.lua
 -- names each field).
 local function read_name(holder)

@@ -56,8 +56,8 @@
 local D, HX, WX, WQ, CW, PD
 local BASE
 local CHUNK = 1000 -- stay well below Lua's unpack() limit
--- KEEP_US, SLACK_US, fmt(), server_us(), read_name(), coverage() and expiry_at() are
--- declared in _head.lua, ahead of the fast paths.
+-- KEEP_US, SLACK_US, read_name(), coverage() and expiry_at() are declared in _head.lua, ahead
+-- of the fast paths; fmt() and server_us() in lua/_common.lua, ahead of everything.
 
 local NOW
 

@@ -36,10 +36,6 @@ local NACKED = 'nacked'
 local WAITER_TTL_US = 6000000 -- queue_machine.WAITER_TTL
 local SCAN = 200
 
-local function server_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local NOW
 
 -- The start of a step: every variable above as a new step finds it.
@@ -48,11 +44,7 @@ local function begin()
   CAND, DUE, FLY, DEAD, ENQ, DEPTH = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
   DD, DDX, WQ, WX = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
   BASE = ARGV[1]
-  NOW = server_now()
-end
-
-local function fmt(n)
-  return string.format('%d', n)
+  NOW = server_us()
 end
 
 local function get_rec(id)

@@ -34,10 +34,6 @@ local M, L, X, A
 local CHUNK = 1000 -- stay well below Lua's unpack() limit
 local MAX_RECENT = 10000 -- rate_machine.MAX_RECENT
 
-local function fmt(n)
-  return string.format('%d', n)
-end
-
 local function num(x)
   return string.format('%.17g', x)
 end
@@ -52,8 +48,7 @@ local written    -- keys written by this step (their expiry must be set)
 -- The start of a step: every variable above as a new step finds it.
 local function begin()
   M, L, X, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-  local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  NOW = server_us()
   S, cover, dirty, written = {}, 0, false, {}
 end
 
