@@ -351,7 +351,9 @@ def _library_rows(reply: Any) -> list[str]:
 
 
 def _redis(args: argparse.Namespace) -> int:
+    from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from ..stores.redis import driver, scripts
 
@@ -401,7 +403,10 @@ def _redis(args: argparse.Namespace) -> int:
                     tuple(others), tuple(loaded), tuple(deleted),
                 ))  # fmt: skip
             except RedisError as exc:
-                raise ConfigurationError(
+                # Unreachable (exit 69), or refused, e.g. by an ACL (exit 78).
+                unreachable = isinstance(exc, (RedisConnectionError, RedisTimeoutError))
+                kind = BackendUnavailable if unreachable else ConfigurationError
+                raise kind(
                     f"Redis at {server}: could not {what}: {driver.safe_message(exc, config)}"
                 ) from None
     if args.json:
