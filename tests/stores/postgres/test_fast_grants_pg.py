@@ -345,6 +345,24 @@ def test_a_name_idle_at_its_last_acquires_is_granted_by_the_bare_update(pg_url: 
         two.close()
 
 
+def test_acquire_idle_is_acquire_fasts_update() -> None:
+    """queries.sql has no includes: acquire_idle repeats acquire_fast's UPDATE (and
+    acquire_fresh's ON CONFLICT branch the same SET). They must grant alike."""
+    import re
+
+    def update(name: str) -> str:
+        text = pg.QUERIES[name]
+        body = text[text.index("UPDATE __SCHEMA__.names n") : text.index("RETURNING")]
+        return re.sub(r"\s+", " ", body.replace(" AND __RELAXED__", "")).strip()
+
+    assert update("acquire_idle") == update("acquire_fast")
+    fresh = re.sub(r"\s+", " ", pg.QUERIES["acquire_fresh"])
+    fast_set = update("acquire_fast").split(" SET ", 1)[1].split(" WHERE ")[0]
+    fresh_set = fresh[fresh.index("DO UPDATE SET ") + len("DO UPDATE SET ") :]
+    # The token and times alike (the rest names excluded.*, the same values).
+    assert fresh_set.startswith(fast_set.split(" lim = ")[0])
+
+
 def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str) -> None:
     """With durability=relaxed the bare UPDATE commits without waiting for the disk, as
     acquire_fast does; a connection that stops preparing sends the function in its place."""
