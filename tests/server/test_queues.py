@@ -201,6 +201,108 @@ def test_queue_tenants_and_bad_input(served: Served) -> None:
         api.close()
 
 
+def test_ack_claim_acks_and_claims_a_batch_in_one_request(served: Served) -> None:
+    """/v1/queues/ack-claim: the acks, then one claim per receipt (distinct keys, oldest
+    first), in one store step; nothing deliverable answers no message and a retry_after."""
+    api = served.api()
+    ids = [put(api, "batch", i, key=f"k{i % 2}")["id"] for i in range(3)]  # k0, k1, k0
+    first = api.ok("/v1/queues/ack-claim", {"queue": "batch", "receipts": ["r1", "r2", "r3"]})
+    assert first["acked"] == [] and first["retry_after"] is None
+    got = first["messages"]
+    # k0's second message waits for its first: two claimed, one per key, oldest first.
+    assert [(m["id"], m["receipt"], m["payload"]) for m in got] == [
+        (ids[0], "r1", 0), (ids[1], "r2", 1)
+    ]
+    acks = [{"id": m["id"], "receipt": m["receipt"]} for m in got]
+    second = api.ok("/v1/queues/ack-claim", {"queue": "batch", "acks": acks, "receipts": ["r4"]})
+    assert second["acked"] == [True, True]
+    assert [(m["id"], m["receipt"]) for m in second["messages"]] == [(ids[2], "r4")]
+    again = api.ok("/v1/queues/ack-claim", {
+        "queue": "batch", "acks": [*acks, {"id": ids[2], "receipt": "r4"}], "receipts": ["r5"],
+    })  # fmt: skip
+    assert again["acked"] == [False, False, True] and again["messages"] == []
+    stats = api.ok("/v1/queues/stats", {"queue": "batch"})
+    assert (stats["ready"], stats["in_flight"], stats["delayed"]) == (0, 0, 0)
+    for body, expected in [
+        ({"queue": "batch"}, "receipts is required"),
+        ({"queue": "batch", "receipts": []}, "receipts must be a list of 1 to 1000"),
+        ({"queue": "batch", "receipts": ["r"] * 1001}, "receipts must be a list of 1 to 1000"),
+        ({"queue": "batch", "receipts": ["r", "r"]}, "receipts must be distinct"),
+        ({"queue": "batch", "receipts": [""]}, "receipts[0]"),
+        ({"queue": "batch", "receipts": ["r"], "acks": [{"id": "x"}]},
+         "acks[0] must be an object with exactly id and receipt"),
+        ({"queue": "batch", "receipts": ["r"], "acks": [{"id": "x", "receipt": 5}]},
+         "acks[0].receipt"),
+        ({"queue": "batch", "receipts": ["r"], "acks": [{"id": "x", "receipt": "y"}] * 1001},
+         "acks must be a list of at most 1000"),
+    ]:
+        message = api.error(api.post("/v1/queues/ack-claim", body), 422, "invalid_argument")
+        assert expected in message, (body, message)
+    reader = served.api("reader-a")
+    reader.error(reader.post("/v1/queues/ack-claim", {"queue": "a:jobs", "receipts": ["r"]}),
+                 403, "read_only")
+    reader.close()
+    api.close()
+
+
+def test_the_client_acks_and_claims_a_prefetched_batch_in_one_request(served: Served) -> None:
+    """work(prefetch=) over http://: one /v1/queues/ack-claim request per batch step (the acks
+    of a batch and the claims of the next), not a request per ack and per claim."""
+    with turnstile.connect(served.url()) as client:
+        q = client.queue("prefetched")
+        for i in range(6):
+            q.put(i, key=f"k{i}")
+        backend: Any = client.backend
+        paths: list[str] = []
+        call = backend.call
+
+        def counting(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            paths.append(path)
+            return call(method, path, *args, **kwargs)
+
+        backend.call = counting
+        seen: list[Any] = []
+        result = q.work(seen.append, prefetch=3, max_messages=6, idle_timeout=5)
+        assert result.acked == 6 and sorted(m.payload for m in seen) == list(range(6))
+        # The first message by a long poll and the rest of its batch by one batch step;
+        # the second batch claimed by the step that acks the first; the last batch's acks on
+        # their own as the loop ends (max_messages).
+        assert paths == [
+            "/v1/queues/get", "/v1/queues/ack-claim", "/v1/queues/ack-claim",
+            *["/v1/queues/ack"] * 3,
+        ], paths
+
+
+def test_a_service_without_the_batch_step_gets_a_request_per_ack_and_claim(
+    served: Served,
+) -> None:
+    """A service of an earlier release answers 404 to /v1/queues/ack-claim: the client asks
+    once, then acks and claims step by step; every message is handled once."""
+    from turnstile.errors import NotSupported
+
+    with turnstile.connect(served.url()) as client:
+        q = client.queue("old-service")
+        for i in range(6):
+            q.put(i, key=f"k{i}")
+        backend: Any = client.backend
+        paths: list[str] = []
+        call = backend.call
+
+        def old_service(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            paths.append(path)
+            if path == "/v1/queues/ack-claim":
+                raise NotSupported("the Turnstile service cannot do this: not found")
+            return call(method, path, *args, **kwargs)
+
+        backend.call = old_service
+        seen: list[Any] = []
+        result = q.work(seen.append, prefetch=3, max_messages=6, idle_timeout=5)
+        assert result.acked == 6 and sorted(m.payload for m in seen) == list(range(6))
+        assert paths.count("/v1/queues/ack-claim") == 1, paths
+        assert "/v1/queues/claim" in paths and "/v1/queues/ack" in paths, paths
+        assert q.stats().in_flight == 0
+
+
 def test_the_queue_list_comes_from_the_store(served: Served, backend: BackendUnderTest) -> None:
     """/v1/queues, the dashboard and /metrics show every queue that holds messages, also
     those filled by other processes straight in the store, never through this instance."""

@@ -249,8 +249,8 @@ def message_id(value: Any, arg: str = "id") -> str:
     return _text(value, arg, 256)
 
 
-def receipt(value: Any) -> str:
-    return _text(value, "receipt", 256)
+def receipt(value: Any, arg: str = "receipt") -> str:
+    return _text(value, arg, 256)
 
 
 def delay(value: Any, arg: str = "delay") -> float:

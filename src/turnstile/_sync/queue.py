@@ -271,11 +271,12 @@ class Queue:
         for the first as :meth:`get` does (none: the time passed, or ``stop`` was set).
         ``acks``: messages to ack first (the worker loop's step between two messages or
         batches), in the same step as the first claim (on PostgreSQL one round trip and one
-        commit instead of several); a store that long-polls its gets acks them on its own
-        first, and claims the rest of a batch without waiting once the first came. Once
-        ``stop`` is set it acks them on their own and claims nothing."""
+        commit instead of several). A store that long-polls its gets (the HTTP service)
+        sends them with a look that never waits (one request), and long-polls for the first
+        message only if that found nothing, then claims the rest of a batch without waiting.
+        Once ``stop`` is set it acks them on their own and claims nothing."""
         stopped = stop is not None and stop.is_set()
-        if acks and (self._long_poll_gets or stopped):
+        if acks and stopped:
             for message in acks:
                 message.ack()
             acks = []
@@ -285,6 +286,10 @@ class Queue:
         if timeout == 0:
             return (self._step(count, acks, None))[0]
         if self._long_poll_gets:
+            if acks:
+                got = (self._step(count, acks, None))[0]
+                if got:
+                    return got
             first = self._get_remote(deadline, stop)
             if first is None:
                 return []

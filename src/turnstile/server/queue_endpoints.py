@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
 
+from .._async.queue import MAX_PREFETCH
 from .._core import validate
 from .._core.payload import decode_payload
 from .._core.records import Delivery
@@ -133,6 +134,51 @@ async def claim(ctx: Ctx) -> Any:
         "message": None if delivery is None else message_dict(delivery),
         "now": result.now,
         "retry_after": result.retry_after,
+    }
+
+
+def _batch_lists(args: Any) -> tuple[list[tuple[str, str]], list[str]]:
+    """The acks (``[{"id", "receipt"}]``) and the receipts of a batch step, checked: each
+    an id or receipt as ``ack`` and ``claim`` take them, at most MAX_PREFETCH of each."""
+    raw_acks = args.get("acks") or []
+    raw_receipts = args.get("receipts")
+    if not isinstance(raw_acks, list) or len(raw_acks) > MAX_PREFETCH:
+        raise InvalidArgument(f"acks must be a list of at most {MAX_PREFETCH} items")
+    if not isinstance(raw_receipts, list) or not 1 <= len(raw_receipts) <= MAX_PREFETCH:
+        raise InvalidArgument(f"receipts must be a list of 1 to {MAX_PREFETCH} receipts")
+    acks = []
+    for i, item in enumerate(raw_acks):
+        if not isinstance(item, dict) or set(item) != {"id", "receipt"}:
+            raise InvalidArgument(f"acks[{i}] must be an object with exactly id and receipt")
+        acks.append((
+            validate.message_id(item["id"], f"acks[{i}].id"),
+            validate.receipt(item["receipt"], f"acks[{i}].receipt"),
+        ))  # fmt: skip
+    receipts = [validate.receipt(r, f"receipts[{i}]") for i, r in enumerate(raw_receipts)]
+    if len(set(receipts)) != len(receipts):
+        raise InvalidArgument("receipts must be distinct (each names one delivery)")
+    return acks, receipts
+
+
+async def ack_claim(ctx: Ctx) -> Any:
+    """Low level: acks, then up to one claim per receipt, in one store step (never waits):
+    what ``work(prefetch=)`` does between two batches."""
+    q = _queue(ctx, write=True)
+    acks, receipts = _batch_lists(ctx.args)
+    acked, batch = await q._backend.ack_claim_many(
+        q.name, acks, receipts=receipts, visibility_timeout=q.visibility_timeout,
+        concurrency=q.concurrency, max_attempts=q.max_attempts, waiter=None,
+    )  # fmt: skip
+    for (message_id, _), ok in zip(acks, acked, strict=True):
+        if ok:
+            ctx.tracker.queue_event("acked", q.name, message_id, None)
+    for d in batch.deliveries:
+        ctx.tracker.queue_event("delivered", q.name, d.id, d.key, d.attempt)
+    return {
+        "acked": list(acked),
+        "messages": [message_dict(d) for d in batch.deliveries],
+        "now": batch.now,
+        "retry_after": batch.retry_after,
     }
 
 
@@ -291,6 +337,38 @@ def endpoints(config: ServerConfig) -> list[Endpoint]:
             fields=(queue, Field("receipt", TEXT_ID), *settings),
             response=obj(["message", "now", "retry_after"], {
                 "message": message,
+                "now": TIME,
+                "retry_after": {"type": ["number", "null"], "minimum": 0},
+            }),
+        ),
+        Endpoint(
+            "/v1/queues/ack-claim", ack_claim, "queues_ack_claim", tag,
+            "Low level: acks, then up to one claim per receipt, in one store step (never "
+            "waits)",
+            "Used by the Python client's `work(prefetch=)`: the messages of a batch are acked "
+            "and the next batch claimed in one request (on PostgreSQL one transaction). "
+            "`acked[i]` answers `acks[i]` as `ack` would; `messages` are the ones claimed, "
+            "oldest first, each with its own receipt (of distinct keys); none if nothing was "
+            "deliverable, and then `retry_after` says when to look again. A repeat after a "
+            "lost reply claims again: the lost deliveries come back after their visibility "
+            f"timeout. At most {MAX_PREFETCH} acks and {MAX_PREFETCH} receipts.",
+            fields=(
+                queue,
+                Field("acks", {
+                    "type": ["array", "null"], "maxItems": MAX_PREFETCH,
+                    "items": obj(["id", "receipt"], {"id": TEXT_ID, "receipt": TEXT_ID}),
+                    "description": "Messages to ack first: their id and receipt.",
+                }),
+                Field("receipts", {
+                    "type": "array", "minItems": 1, "maxItems": MAX_PREFETCH,
+                    "uniqueItems": True, "items": TEXT_ID,
+                    "description": "One per message to claim: the receipt it is given.",
+                }, required=True),
+                *settings,
+            ),
+            response=obj(["acked", "messages", "now", "retry_after"], {
+                "acked": {"type": "array", "items": {"type": "boolean"}},
+                "messages": {"type": "array", "items": ref("QueueMessage")},
                 "now": TIME,
                 "retry_after": {"type": ["number", "null"], "minimum": 0},
             }),

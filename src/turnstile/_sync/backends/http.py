@@ -41,6 +41,7 @@ from ..._core.payload import decode_payload, encode_payload
 from ..._core.records import (
     KIND_BYTES,
     AcquireResult,
+    BatchClaim,
     CallbackDelivery,
     Characteristics,
     ClaimResult,
@@ -246,12 +247,55 @@ class HTTPWaiter:
 
 class HTTPQueueBackend(StepwiseBatches):
     """The queue protocol over API v1 (``/v1/queues/*``). Blocking gets are long polls that
-    the service answers from its own wake-ups (``long_poll``), so no waiter lives here. The
-    service has no combined steps: ``ack_claim`` and ``ack_claim_many`` send a request per
-    step."""
+    the service answers from its own wake-ups (``long_poll``), so no waiter lives here.
+    ``ack_claim_many`` (the worker loop's step, ``work(prefetch=)``) is one request to
+    ``/v1/queues/ack-claim``, the store's batch step; a service of an earlier release,
+    which has no such endpoint, gets a request per ack and per claim."""
 
     def __init__(self, backend: HTTPBackend) -> None:
         self._backend = backend
+        self._batches = True  # until a service answers that it has no /v1/queues/ack-claim
+
+    def ack_claim_many(
+        self,
+        name: str,
+        acks: list[tuple[str, str]],
+        *,
+        receipts: list[str],
+        visibility_timeout: float,
+        concurrency: int | None,
+        max_attempts: int,
+        waiter: str | None,
+    ) -> tuple[list[bool], BatchClaim]:
+        if not receipts:
+            raise ValueError("ack_claim_many needs at least one receipt")
+        if self._batches:
+            try:
+                data = self._backend.call(
+                    "POST",
+                    "/v1/queues/ack-claim",
+                    {
+                        "queue": name,
+                        "acks": [{"id": i, "receipt": r} for i, r in acks],
+                        "receipts": receipts,
+                        "visibility_timeout": visibility_timeout,
+                        "concurrency": concurrency,
+                        "max_attempts": max_attempts,
+                    },
+                    # Repeated only when the service surely did nothing: a repeat would ack
+                    # again (answering False) and claim other messages.
+                    idempotent=False,
+                )
+            except NotSupported:
+                self._batches = False  # a service of an earlier release
+            else:
+                acked = [bool(a) for a in data["acked"]]
+                deliveries = [_delivery(m) for m in data["messages"]]
+                return acked, BatchClaim(deliveries, float(data["now"]), data.get("retry_after"))
+        return super().ack_claim_many(
+            name, acks, receipts=receipts, visibility_timeout=visibility_timeout,
+            concurrency=concurrency, max_attempts=max_attempts, waiter=waiter,
+        )  # fmt: skip
 
     def put(self, name: str, message: NewMessage, *, dedup_window: float) -> PutResult:
         body: dict[str, Any] = {
