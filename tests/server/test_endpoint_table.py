@@ -28,7 +28,7 @@ UNDOCUMENTED = {("/", "GET"), ("/openapi.json", "GET")}
 # Values the primitives accept for fields that must be given together (a name, a holder, ...).
 REQUIRED = {
     "name": "t:x", "queue": "t:q", "holder": "h", "limit": 2, "token": 1, "ttl": 5,
-    "timeout": 0, "id": "i", "receipt": "r", "seconds": 5, "rate": 5,
+    "timeout": 0, "id": "i", "receipt": "r", "seconds": 5, "rate": 5, "receipts": ["r"],
     # /v1/events/stepfunctions: EventBridge's envelope
     "detail-type": "Step Functions Execution Status Change", "detail": {},
 }
