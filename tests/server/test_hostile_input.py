@@ -21,6 +21,7 @@ HUGE = "1" + "0" * 400  # an integer of 401 digits: beyond any float
 VALID: dict[str, Any] = {
     "name": "a:hostile", "holder": "h", "limit": 1, "token": 1, "ttl": 5, "timeout": 0,
     "queue": "a:hostile-q", "id": "m1", "receipt": "r1", "seconds": 5, "rate": 5,
+    "receipts": ["r1"],
 }
 
 
