@@ -122,6 +122,32 @@ def test_a_timeout_shorter_than_the_slot_fails_at_once_and_leaves_the_line(
     assert limiter.status().waiters == ()
 
 
+class _InterruptedAfterTheStore:
+    """The store placed the caller in line, then a signal (here KeyboardInterrupt) landed
+    before the answer reached the caller."""
+
+    def __init__(self, backend: object) -> None:
+        self._backend = backend
+
+    def rate_acquire(self, *args: object, **kwargs: object) -> object:
+        self._backend.rate_acquire(*args, **kwargs)  # type: ignore[attr-defined]
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._backend, name)
+
+
+def test_an_interrupt_after_the_store_placed_the_caller_leaves_the_line(
+    client: turnstile.Client,
+) -> None:
+    limiter = client.rate_limit("rate:interrupted", rate=1, per=60.0, burst=1)
+    assert limiter.try_acquire("first").acquired
+    limiter._backend = _InterruptedAfterTheStore(limiter._backend)  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        limiter.acquire(timeout=120, holder="interrupted")
+    assert limiter.status().waiters == ()
+
+
 def test_a_busy_name_has_one_rate(client: turnstile.Client) -> None:
     client.rate_limit("rate:one", rate=5, per=1.0).try_acquire("a")
     client.rate_limit("rate:one", rate=5, per=1.0).try_acquire("b")  # now someone waits

@@ -116,7 +116,12 @@ class AsyncRateLimit:
         joined = False
         try:
             while True:
-                result, received = await self._step(holder, True, BLOCKING_GRACE, rank)
+                try:
+                    result, received = await self._step(holder, True, BLOCKING_GRACE, rank)
+                except BaseException as exc:
+                    # A signal or a cancellation can land after the store placed us in line.
+                    joined = joined or not isinstance(exc, Exception)
+                    raise
                 if result.admitted:
                     joined = False
                     return result.now
