@@ -18,6 +18,16 @@ HANDLERS_PRELUDE = (
     "import sys, turnstile.cli.run as r; r._SIGWAIT = False; "
     "from turnstile.cli import main; sys.exit(main(sys.argv[1:]))"
 )
+# The race every blocking wait has: a signal that trips Python's handler just as the main
+# thread goes into a blocking call (or that the kernel hands to another thread) is seen
+# only when that call returns. Made certain here: the main thread blocks the stopping
+# signals, so the kernel hands them to a thread that only sleeps.
+SIGNALS_ELSEWHERE_PRELUDE = (
+    "import signal, sys, threading, time; "
+    "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start(); "
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}); "
+    "from turnstile.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 # The signals `turnstile run` forwards. A suite started in the background of a
@@ -40,6 +50,8 @@ def default_signals() -> None:
 def command(args: Sequence[str], supervisor: str = "sigwaitinfo") -> list[str]:
     if supervisor == "handlers":
         return [sys.executable, "-c", HANDLERS_PRELUDE, *args]
+    if supervisor == "signals-elsewhere":
+        return [sys.executable, "-c", SIGNALS_ELSEWHERE_PRELUDE, *args]
     return [sys.executable, "-m", "turnstile", *args]
 
 

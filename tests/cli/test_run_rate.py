@@ -116,14 +116,28 @@ def test_a_slot_past_the_timeout_exits_75_at_once_and_leaves_the_line(url: str) 
     assert custom.returncode == 9
 
 
-def test_a_signal_while_waiting_leaves_the_line(url: str) -> None:
+@pytest.mark.parametrize(
+    ("signum", "supervisor"),
+    [
+        (signal.SIGTERM, "sigwaitinfo"),
+        (signal.SIGINT, "sigwaitinfo"),
+        # The signal trips the handler while the main thread sleeps in line (a minute here):
+        # the run must still stop at once, not at its turn.
+        (signal.SIGTERM, "signals-elsewhere"),
+        (signal.SIGINT, "signals-elsewhere"),
+    ],
+    ids=["SIGTERM", "SIGINT", "SIGTERM-elsewhere", "SIGINT-elsewhere"],
+)
+def test_a_signal_while_waiting_leaves_the_line(
+    url: str, signum: signal.Signals, supervisor: str
+) -> None:
     assert run("run", "--url", url, "--rate-limit", "sig", "--rate", "1/m", "--", "true")\
         .returncode == 0
     proc = spawn("run", "--url", url, "--rate-limit", "sig", "--rate", "1/m", "--holder",
-                 "waiting", "--", "true")
+                 "waiting", "--", "true", supervisor=supervisor)
     wait_until(lambda: rate_waiters(url, "sig") == ["waiting"], what="the run waits in line")
-    os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(30) == 128 + signal.SIGTERM
+    os.kill(proc.pid, signum)
+    assert proc.wait(30) == 128 + signum, stderr_of(proc)
     assert rate_waiters(url, "sig") == []
 
 

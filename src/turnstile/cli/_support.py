@@ -9,8 +9,10 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -113,27 +115,123 @@ def connect(args: argparse.Namespace) -> Client:
     return _connect(given_url(args))
 
 
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """SIGTERM/SIGHUP raise :class:`Terminated` (SIGINT already raises KeyboardInterrupt),
-    so that ``finally`` blocks run: a blocking acquire leaves the line, the demo stops its
-    workers. Signals the caller chose to ignore stay ignored."""
-    previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+# A signal can trip Python's handler while the main thread is on its way into a blocking
+# call, or land on another thread: the handler runs only when the main thread comes back to
+# the interpreter, and a wait in line could sleep through SIGTERM until its turn. Python's
+# C-level handler also writes the signal's number to the wakeup fd; a watcher thread reading
+# it interrupts the main thread with NUDGE (a handler that does nothing: the interrupted call
+# runs the pending handlers before it carries on) until a stopping handler has run.
+NUDGE: signal.Signals | None = getattr(signal, "SIGURG", None)  # ignored by default
+NUDGE_EVERY = 0.05
 
-    def stop(signum: int, frame: FrameType | None) -> None:
+
+class _SignalWatcher:
+    def __init__(self, signals: set[int]) -> None:
+        self.handled = threading.Event()
+        self._signals = signals
+        self._main = threading.main_thread().ident or 0
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._thread = threading.Thread(
+            target=self._watch, name="turnstile-signal-watcher", daemon=True
+        )
+
+    @property
+    def fd(self) -> int:
+        return self._writer.fileno()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _watch(self) -> None:
+        assert NUDGE is not None
+        while True:
+            try:
+                data = self._reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if self._signals.isdisjoint(data):
+                continue  # the nudges themselves, and signals we do not stop on
+            while not self.handled.is_set():
+                with contextlib.suppress(OSError, ValueError):
+                    signal.pthread_kill(self._main, NUDGE)
+                self.handled.wait(NUDGE_EVERY)
+
+    def close(self) -> None:
+        self.handled.set()
+        with contextlib.suppress(OSError):
+            self._reader.shutdown(socket.SHUT_RDWR)
+        self._thread.join(1.0)
+        self._reader.close()
+        self._writer.close()
+
+
+class StopOnSignals:
+    """``with StopOnSignals():`` SIGTERM/SIGHUP raise :class:`Terminated` (SIGINT raises
+    KeyboardInterrupt, as it does by default) so that ``finally`` blocks run: a blocking
+    acquire leaves the line, the demo stops its workers. Signals the caller chose to ignore
+    stay ignored. A watcher thread makes sure the handler runs even if the signal came as
+    the main thread went into a blocking call; :meth:`handover` stops it for code that
+    installs handlers of its own inside the block (``turnstile run``'s supervisor)."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+        self._watcher: _SignalWatcher | None = None
+        self._old_fd: int | None = None
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        if self._watcher is not None:
+            self._watcher.handled.set()
         raise Terminated(signum)
 
-    for signum in STOPPING:
-        current = signal.getsignal(signum)
-        if current == signal.SIG_IGN:
-            continue
-        previous[signum] = current
-        signal.signal(signum, stop)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
+        if self._watcher is not None:
+            self._watcher.handled.set()
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> StopOnSignals:
+        handlers: dict[int, Callable[[int, FrameType | None], None]] = dict.fromkeys(
+            STOPPING, self._stop
+        )
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            handlers[signal.SIGINT] = self._interrupt
+        for signum, handler in handlers.items():
+            current = signal.getsignal(signum)
+            if current == signal.SIG_IGN:
+                continue
+            self._previous[signum] = current
             signal.signal(signum, handler)
+        if NUDGE is not None and hasattr(signal, "pthread_kill") and self._previous:
+            self._watcher = _SignalWatcher(set(self._previous))
+            self._previous[NUDGE] = signal.signal(NUDGE, _ignore)
+            self._old_fd = signal.set_wakeup_fd(self._watcher.fd, warn_on_full_buffer=False)
+            self._watcher.start()
+        return self
+
+    def handover(self) -> None:
+        """Stop watching (the handlers stay until the block ends)."""
+        if self._old_fd is not None:
+            signal.set_wakeup_fd(self._old_fd)
+            self._old_fd = None
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.handover()
+        for signum, old in self._previous.items():
+            signal.signal(signum, old)
+        self._previous.clear()
+
+
+def stop_on_signals() -> StopOnSignals:
+    return StopOnSignals()
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    return None
 
 
 # -- argument types: parse, validate with the core's rules, name the argument -------------

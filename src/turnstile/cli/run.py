@@ -298,7 +298,7 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             # Until the supervisor forwards them, SIGTERM/SIGHUP end us cleanly: leaving the
             # line, or releasing a lease granted a moment ago.
-            with _support.stop_on_signals():
+            with _support.stop_on_signals() as signals:
                 try:
                     lease = sem.acquire(timeout=args.timeout, holder=holder)
                 except AcquireTimeout:
@@ -324,6 +324,7 @@ def run_command(args: argparse.Namespace) -> int:
                     env["TURNSTILE_STARTED_AT"] = repr(lease.started_at)
                 else:
                     env.pop("TURNSTILE_STARTED_AT", None)
+                signals.handover()  # the supervisor handles signals from here
                 return _Supervisor(lease, command, env, args, shown, alarm).run()
         finally:
             if lease is not None:
