@@ -305,7 +305,9 @@ def test_a_name_idle_at_its_last_acquires_is_granted_by_the_bare_update(pg_url: 
         g = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         assert g.grant is not None
         assert (a.statements - sent, a._known["n"]) == (expect_statements, expect_streak)
+        sent = a.statements
         assert a.release("n", "h1", g.grant.token)
+        assert a.statements - sent == 1  # release_fast, or release_idle after a streak
         return int(g.grant.token)
 
     try:
@@ -334,6 +336,24 @@ def test_a_name_idle_at_its_last_acquires_is_granted_by_the_bare_update(pg_url: 
         for streak in range(1, IDLE_STREAK + 1):
             cycle(1, streak)
         cycle(1, IDLE_STREAK)
+        # A waiter came while this client held a grant taken by the bare UPDATE: the bare
+        # release frees nothing (the grant is a holder now), the function hands it over.
+        held = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert held.grant is not None and a._known["n"] == IDLE_STREAK
+        queued = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert queued.grant is None and queued.position == 0
+        sent = a.statements
+        assert a.release("n", "h1", held.grant.token)
+        assert a.statements - sent == 2
+        assert [h.holder for h in one.status("n").holders] == ["h2"]
+        handed = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert handed.grant is not None and handed.grant.token > held.grant.token
+        assert b.release("n", "h2", handed.grant.token)
+        # A lease already lost: the bare release answers False, as the function would.
+        lapsed = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert lapsed.grant is not None
+        assert not a.release("n", "h1", lapsed.grant.token + 1)  # not this holder's token
+        assert a.release("n", "h1", lapsed.grant.token)
         # A try-acquire (no line) of a busy name: refused, nothing left behind.
         other = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         refused = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=False)
@@ -363,6 +383,42 @@ def test_acquire_idle_is_acquire_fasts_update() -> None:
     assert fresh_set.startswith(fast_set.split(" lim = ")[0])
 
 
+@pytest.mark.parametrize("name", ["n", "ünïcødé", "名前/🔒", "a" * 4096, "quote's \\ \"x\""])
+def test_the_clients_name_key_is_the_functions(pg_url: str, name: str) -> None:
+    """The plain statements find a name's row by the key the client computed (name_key);
+    the functions and acquire_fresh make it in SQL. They must agree on every name."""
+    client = turnstile.connect(pg_url)
+    try:
+        backend: Any = client.backend
+        with psycopg.connect(backend.config.conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT sha256(convert_to(%s::text, 'UTF8'))", (name,)).fetchone()
+        assert row is not None and bytes(row[0]) == pg.name_key(name)
+    finally:
+        client.close()
+
+
+def test_a_wrong_name_key_only_misses(pg_url: str) -> None:
+    """The plain statements check the row's name as well as its key: a key that is not the
+    name's (a bug, or another name's key) grants and frees nothing."""
+    client = turnstile.connect(f"{pg_url}&prepare=on")
+    backend: Any = client.backend
+    try:
+        g = backend.acquire("k1", "h", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        assert backend.release("k1", "h", g.grant.token)
+        backend.acquire("k2", "h", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+        with psycopg.connect(backend.config.conninfo, autocommit=True) as conn:
+            params = {"name": "k2", "name_key": pg.name_key("k1"), "holder": "x", "limit": 1,
+                      "ttl": LONG, "now": None, "key": None, "per_key": None}
+            assert conn.execute(backend._q["acquire_idle"], params).fetchone() is None
+            params = {"name": "k1", "name_key": pg.name_key("k2"), "holder": "h",
+                      "token": g.grant.token, "now": None}
+            assert conn.execute(backend._q["release_idle"], params).fetchone() is None
+        assert [h.holder for h in client.status("k1").holders] == []
+        assert [h.holder for h in client.status("k2").holders] == ["h"]
+    finally:
+        client.close()
+
+
 def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str) -> None:
     """With durability=relaxed the bare UPDATE commits without waiting for the disk, as
     acquire_fast does; a connection that stops preparing sends the function in its place."""
@@ -371,6 +427,9 @@ def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str)
     assert pg.RELAXED_FILTER in relaxed.query("acquire_idle")
     assert pg.RELAXED_FILTER not in durable.query("acquire_idle")
     assert pg.UNPREPARED["acquire_idle"] == "acquire"
+    assert pg.RELAXED_FILTER in relaxed.query("release_idle")
+    assert pg.RELAXED_FILTER not in durable.query("release_idle")
+    assert pg.UNPREPARED["release_idle"] == "release"
     client = turnstile.connect(f"{pg_url}&prepare=on&durability=relaxed")
     backend: Any = client.backend
     try:

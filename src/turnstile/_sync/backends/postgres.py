@@ -99,6 +99,7 @@ class PostgresBackend:
         self._known: dict[str, int] = {}
         self._known_max = KNOWN_MAX if self.config.prepare else 0
         self._acquire_call = self.config.query("acquire")  # the function, whatever prepare is
+        self._release_call = self.config.query("release")
         # (name, holder) -> (listener, its mark before the step that put holder in line, when
         # that place lapses unless stepped again): what open_waiter checks, since the waiter
         # arms after that step.
@@ -229,6 +230,7 @@ class PostgresBackend:
             params["wake"] = pg.wake_key(name, holder) if channel else None
             return self._run(self._q["acquire"], params, "acquire")
         streak = known.get(name)
+        params["name_key"] = pg.name_key(name)
         if streak is not None and streak >= IDLE_STREAK:
             # Idle at its last acquires here: the bare UPDATE, which grants on an idle name
             # and returns nothing on a busy one (then the function does the whole step).
@@ -398,11 +400,23 @@ class PostgresBackend:
     def release(self, name: str, holder: str, token: int | None) -> bool:
         if token is None and self._marks:
             self._marks.pop((name, holder), None)  # leaving the line: no waiter to arm
-        row = self._run(
-            self._q["release"],
-            {"name": name, "holder": holder, "token": token, "now": self._now()},
-            "release",
-        )
+        params: dict[str, Any] = {
+            "name": name, "holder": holder, "token": token, "now": self._now()
+        }
+        if not self._known_max:
+            row = self._run(self._q["release"], params, "release")
+            return bool(row[0])
+        params["name_key"] = pg.name_key(name)
+        streak = self._known.get(name)
+        if token is not None and streak is not None and streak >= IDLE_STREAK:
+            # Granted on a name idle at its last acquires here: the bare UPDATE, which frees
+            # the name if this is its fast holder and returns nothing otherwise (then the
+            # function does the whole step: another holder or a waiter came meanwhile).
+            row = self._run(self._q["release_idle"], params, "release")
+            if row is None:
+                row = self._run(self._release_call, params, "release")
+        else:
+            row = self._run(self._q["release"], params, "release")
         return bool(row[0])
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:

@@ -76,7 +76,7 @@ DURABILITIES = ("durable", "relaxed")
 # forgotten; rate_status writes nothing.
 RELAXABLE = frozenset(
     {"acquire", "release", "acquire_fast", "acquire_fresh", "acquire_idle", "release_fast",
-     "renew", "set_limit", "rate_acquire", "rate_leave"}
+     "release_idle", "renew", "set_limit", "rate_acquire", "rate_leave"}
 )
 # The plain statements sent only with prepare=on, and the function call each stands for: what
 # a client sends instead once it stops preparing (PostgresConnection._unprepared), since a
@@ -86,6 +86,7 @@ UNPREPARED = {
     "acquire_fresh": "acquire",
     "acquire_idle": "acquire",
     "release_fast": "release",
+    "release_idle": "release",
 }
 # Where a statement that cannot be wrapped in the "relaxed" query puts the setting: a filter
 # on the one row it returns, so it is evaluated exactly once, in the statement's transaction.
@@ -218,6 +219,12 @@ def migration_script(schema: str, applied: int = 0, grant_to: str | None = None)
         ]
     out += ["COMMIT;", ""]
     return "\n".join(out)
+
+
+def name_key(name: str) -> bytes:
+    """The names row's key of ``name``: sha256 of its UTF-8 bytes, as the SQL functions make
+    it (``sha256(convert_to(name, 'UTF8'))``), computed here for the plain statements."""
+    return hashlib.sha256(name.encode("utf-8")).digest()
 
 
 def wake_key(name: str, waiter: str, *, queue: bool = False) -> str:
