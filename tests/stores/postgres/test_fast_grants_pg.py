@@ -419,6 +419,25 @@ def test_a_wrong_name_key_only_misses(pg_url: str) -> None:
         client.close()
 
 
+def test_release_idle_is_release_fasts_update() -> None:
+    """queries.sql has no includes: release_idle repeats release_fast's UPDATE. They must
+    free alike."""
+    import re
+
+    def update(name: str) -> str:
+        text = pg.QUERIES[name]
+        body = text[text.index("UPDATE __SCHEMA__.names n") : text.index("RETURNING")]
+        return re.sub(r"\s+", " ", body.replace(" AND __RELAXED__", "")).strip()
+
+    def returning(name: str) -> str:
+        text = pg.QUERIES[name]
+        line = text[text.index("RETURNING") :].split(")\nSELECT")[0].splitlines()[0]
+        return re.sub(r"\s+", " ", line).strip()
+
+    assert update("release_idle") == update("release_fast")
+    assert returning("release_idle") == returning("release_fast")
+
+
 def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str) -> None:
     """With durability=relaxed the bare UPDATE commits without waiting for the disk, as
     acquire_fast does; a connection that stops preparing sends the function in its place."""
