@@ -22,11 +22,29 @@ T = TypeVar("T")
 FLAVOUR = "sync"
 Event = threading.Event
 Handle = threading.Thread
-sleep = time.sleep
 # The lease renewer thread of a process ends after this long with nothing held.
 RENEWER_IDLE = 30.0
-# How often the main thread, waiting for a thread to end, looks for a signal to handle.
+# How often the main thread, waiting, comes back to the interpreter to run a signal handler.
 SIGNAL_POLL = 0.2
+
+
+# Python runs signal handlers in the main thread, between steps of the interpreter: a signal
+# that trips a handler just before a long wait's system call begins (or that the kernel
+# hands to another thread) is acted on only when that wait ends. The waits of the main
+# thread are therefore cut into slices of SIGNAL_POLL: a SIGTERM handler that raises runs
+# within that, not at the end of a wait of a minute for a rate-limit slot. Other threads
+# never run handlers, and wait in one piece.
+def _in_slices(timeout: float) -> bool:
+    return timeout > SIGNAL_POLL and threading.current_thread() is threading.main_thread()
+
+
+def sleep(seconds: float) -> None:
+    if not _in_slices(seconds):
+        time.sleep(max(seconds, 0.0))
+        return
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, SIGNAL_POLL))
 
 
 def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -34,7 +52,13 @@ def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 def wait_event(event: threading.Event, timeout: float) -> bool:
-    return event.wait(max(timeout, 0.0))
+    if not _in_slices(timeout):
+        return event.wait(max(timeout, 0.0))
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if event.wait(min(left, SIGNAL_POLL)):
+            return True
+    return event.is_set()
 
 
 def spawn(fn: Callable[[], None], name: str) -> threading.Thread:
@@ -94,13 +118,21 @@ def prepare_socket(sock: socket.socket) -> None:
 def recv_datagram(sock: socket.socket, timeout: float) -> bool:
     if timeout <= 0:
         sock.setblocking(False)
-    else:
-        sock.settimeout(timeout)
-    try:
-        sock.recv(64)
-    except (TimeoutError, BlockingIOError):
-        return False
-    return True
+        try:
+            sock.recv(64)
+        except BlockingIOError:
+            return False
+        return True
+    deadline = time.monotonic() + timeout
+    sliced = _in_slices(timeout)
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(min(left, SIGNAL_POLL) if sliced else left)
+        try:
+            sock.recv(64)
+        except TimeoutError:
+            continue
+        return True
+    return False
 
 
 
