@@ -248,6 +248,23 @@ class AsyncQueue:
         self._record_ack(message, ok)
         return result
 
+    async def _ack_claim_many(
+        self, acks: list[tuple[str, str]], receipts: list[str], waiter: str | None
+    ) -> tuple[list[bool], records.BatchClaim]:
+        """The store's batch step with this queue's settings: ack ``acks`` (id, receipt),
+        then claim one message per receipt (``ack_claim_many``). The worker loop's step
+        between two batches, and the HTTP service's ``/v1/queues/ack-claim``."""
+        acked, batch = await self._backend.ack_claim_many(
+            self.name,
+            acks,
+            receipts=receipts,
+            visibility_timeout=self.visibility_timeout,
+            concurrency=self.concurrency,
+            max_attempts=self.max_attempts,
+            waiter=waiter,
+        )
+        return list(acked), batch
+
     def _record_ack(self, message: AsyncMessage, ok: bool) -> None:
         """The outcome of an ack sent with a claim, recorded on the message as
         :meth:`AsyncMessage.ack` records its own."""
@@ -344,14 +361,10 @@ class AsyncQueue:
             if result.delivery is None:
                 return [], result.retry_after
             return [AsyncMessage(self, result.delivery)], None
-        acked, batch = await self._backend.ack_claim_many(
-            self.name,
+        acked, batch = await self._ack_claim_many(
             [(m.id, m.receipt) for m in acks],
-            receipts=[secrets.token_hex(12) for _ in range(count)],
-            visibility_timeout=self.visibility_timeout,
-            concurrency=self.concurrency,
-            max_attempts=self.max_attempts,
-            waiter=waiter,
+            [secrets.token_hex(12) for _ in range(count)],
+            waiter,
         )
         for message, ok in zip(acks, acked, strict=True):
             self._record_ack(message, ok)

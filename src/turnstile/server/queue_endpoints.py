@@ -165,10 +165,7 @@ async def ack_claim(ctx: Ctx) -> Any:
     what ``work(prefetch=)`` does between two batches."""
     q = _queue(ctx, write=True)
     acks, receipts = _batch_lists(ctx.args)
-    acked, batch = await q._backend.ack_claim_many(
-        q.name, acks, receipts=receipts, visibility_timeout=q.visibility_timeout,
-        concurrency=q.concurrency, max_attempts=q.max_attempts, waiter=None,
-    )  # fmt: skip
+    acked, batch = await q._ack_claim_many(acks, receipts, None)
     for (message_id, _), ok in zip(acks, acked, strict=True):
         if ok:
             ctx.tracker.queue_event("acked", q.name, message_id, None)

@@ -349,7 +349,8 @@ def test_a_name_idle_at_its_last_acquires_is_granted_by_the_bare_update(pg_url: 
         handed = b.acquire("n", "h2", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         assert handed.grant is not None and handed.grant.token > held.grant.token
         assert b.release("n", "h2", handed.grant.token)
-        # A lease already lost: the bare release answers False, as the function would.
+        # A token that is not the grant's: the bare release frees nothing, and the function
+        # answers False.
         lapsed = a.acquire("n", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
         assert lapsed.grant is not None
         assert not a.release("n", "h1", lapsed.grant.token + 1)  # not this holder's token
