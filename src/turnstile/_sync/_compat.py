@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from .._core import forks
@@ -34,17 +34,20 @@ SIGNAL_POLL = 0.2
 # thread are therefore cut into slices of SIGNAL_POLL: a SIGTERM handler that raises runs
 # within that, not at the end of a wait of a minute for a rate-limit slot. Other threads
 # never run handlers, and wait in one piece.
-def _in_slices(timeout: float) -> bool:
-    return timeout > SIGNAL_POLL and threading.current_thread() is threading.main_thread()
+def _slices(timeout: float) -> Iterator[float]:
+    """The waits one wait of ``timeout`` seconds is made of: in the main thread, slices of
+    at most SIGNAL_POLL until the deadline; elsewhere (or for a short wait) one piece."""
+    if timeout <= SIGNAL_POLL or threading.current_thread() is not threading.main_thread():
+        yield max(timeout, 0.0)
+        return
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        yield min(left, SIGNAL_POLL)
 
 
 def sleep(seconds: float) -> None:
-    if not _in_slices(seconds):
-        time.sleep(max(seconds, 0.0))
-        return
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        time.sleep(min(left, SIGNAL_POLL))
+    for part in _slices(seconds):
+        time.sleep(part)
 
 
 def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -52,11 +55,8 @@ def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 def wait_event(event: threading.Event, timeout: float) -> bool:
-    if not _in_slices(timeout):
-        return event.wait(max(timeout, 0.0))
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        if event.wait(min(left, SIGNAL_POLL)):
+    for part in _slices(timeout):
+        if event.wait(part):
             return True
     return event.is_set()
 
@@ -116,20 +116,11 @@ def prepare_socket(sock: socket.socket) -> None:
 
 
 def recv_datagram(sock: socket.socket, timeout: float) -> bool:
-    if timeout <= 0:
-        sock.setblocking(False)
+    for part in _slices(timeout):
+        sock.settimeout(part)  # 0: non-blocking
         try:
             sock.recv(64)
-        except BlockingIOError:
-            return False
-        return True
-    deadline = time.monotonic() + timeout
-    sliced = _in_slices(timeout)
-    while (left := deadline - time.monotonic()) > 0:
-        sock.settimeout(min(left, SIGNAL_POLL) if sliced else left)
-        try:
-            sock.recv(64)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             continue
         return True
     return False

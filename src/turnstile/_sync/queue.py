@@ -258,7 +258,7 @@ class Queue:
             max_attempts=self.max_attempts,
             waiter=waiter,
         )
-        return list(acked), batch
+        return acked, batch
 
     def _record_ack(self, message: Message, ok: bool) -> None:
         """The outcome of an ack sent with a claim, recorded on the message as

@@ -172,7 +172,7 @@ async def ack_claim(ctx: Ctx) -> Any:
     for d in batch.deliveries:
         ctx.tracker.queue_event("delivered", q.name, d.id, d.key, d.attempt)
     return {
-        "acked": list(acked),
+        "acked": acked,
         "messages": [message_dict(d) for d in batch.deliveries],
         "now": batch.now,
         "retry_after": batch.retry_after,
