@@ -31,7 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._core import forks
-from ...errors import BackendUnavailable
+from ...errors import TurnstileError
 from ...stores.redis import driver, scripts
 from ...stores.redis.config import RedisConfig
 from ...stores.redis.driver import DRIVER_ERRORS
@@ -150,7 +150,7 @@ class AsyncRedisConnection:
             self._queues = AsyncRedisQueueBackend(self)
         return self._queues
 
-    def unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
+    def unavailable(self, what: str, exc: BaseException) -> TurnstileError:
         return driver.unavailable(self.config, what, exc)
 
     def blocking_client(self, key: str) -> Any:

@@ -25,8 +25,22 @@ def safe_message(exc: BaseException, config: RedisConfig) -> str:
     return scrub(text, [*config.secrets, *([config.password] if config.password else [])])
 
 
-def unavailable(config: RedisConfig, what: str, exc: BaseException) -> BackendUnavailable:
+# How a lock script refuses a name a later release keeps in another key layout (refuse_layout()
+# in lua/lock/_head.lua).
+LAYOUT_REFUSAL = "TURNSTILE layout "
+
+
+def unavailable(config: RedisConfig, what: str, exc: BaseException) -> TurnstileError:
+    """What a failed step means: the store unavailable, or (a script's refusal of a name kept
+    in a newer layout) a client too old for the data, which no retry mends."""
     message = safe_message(exc, config)
+    if isinstance(exc, ResponseError) and message.startswith(LAYOUT_REFUSAL):
+        layout = message[len(LAYOUT_REFUSAL) :].split(":", 1)[0]
+        return ConfigurationError(
+            f"Redis {what} refused on {config.shown}: a later release of Turnstile keeps this "
+            f"name in a newer key layout ({layout!r}) that this client cannot read; upgrade "
+            "this client to that release (nothing was changed)"
+        )
     return BackendUnavailable(f"Redis {what} failed on {config.shown}: {message}")
 
 

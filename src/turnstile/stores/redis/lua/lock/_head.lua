@@ -11,11 +11,23 @@ local PRELOAD = false
 local KEEP_US = 3600 * 1000000
 local SLACK_US = 300 * 1000000
 
+-- "=layout" in D marks a name that a later release keeps in another key layout (its holders
+-- and line are no longer where this release looks). A step of this release must neither read
+-- nor write such a name: it would find no holder and grant it a second time. It fails with
+-- this error instead, which the client reports as a configuration error (upgrade it).
+local function refuse_layout(layout)
+  if layout then
+    error({err = 'TURNSTILE layout ' .. layout .. ': the name is kept in a newer key layout'})
+  end
+end
+
 -- The name's record as a step first reads it, for `holder` (one HMGET; load() in _lib.lua
--- names each field).
+-- names each field). Refuses a name in a newer layout (refuse_layout()).
 local function read_name(holder)
-  return redis.call('HMGET', KEYS[1], '=name', '=limit', '=last', '=seq', '=exp', '=cb',
-                    'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due', '=all')
+  local r = redis.call('HMGET', KEYS[1], '=name', '=limit', '=last', '=seq', '=exp', '=cb',
+                       'h:' .. holder, 'w:' .. holder, '=pk', '=fast', '=due', '=all', '=layout')
+  refuse_layout(r[13])
+  return r
 end
 
 -- How far the keys' expiry must reach once an entry expiring at `newest` is written, when it

@@ -17,6 +17,8 @@
 --                     (see FAST, HMAX and DUE below; a stamp that no longer matches is
 --                     ignored), "=all" a time (us) up to which every one of D, HX, WX, WQ
 --                     that exists is known to expire after its entries (see ALL below),
+--                     "=layout" never written here: a name a later release keeps in
+--                     another layout, which every step refuses (refuse_layout(), _head.lua),
 --                     "h:"..holder -> "token acquired_us expires_us claimed(0|1)", or for a
 --                       callback grant "token acquired_us expires_us claimed pending(0|1)
 --                       claimed_until_us attempts callback" (the callback text last: it may

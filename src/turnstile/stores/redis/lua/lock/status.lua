@@ -11,6 +11,8 @@
 -- 0 and "". limit (and per_key, "" unless the name is a semaphore group) is "" when the
 -- name has no live holder or waiter.
 
+local meta = redis.call('HMGET', D, '=limit', '=pk', '=layout')
+refuse_layout(meta[3])
 local holders = {}
 local live = redis.call('ZRANGEBYSCORE', HX, '(' .. fmt(NOW), '+inf')
 unpack_chunks(live, function(c)
@@ -49,7 +51,6 @@ unpack_chunks(line, function(c)
 end)
 local limit, per_key = '', ''
 if #holders > 0 or #waiters > 0 then
-  local r = redis.call('HMGET', D, '=limit', '=pk')
-  limit, per_key = r[1] or '1', r[2] or ''
+  limit, per_key = meta[1] or '1', meta[2] or ''
 end
 return {NOW, limit, holders, waiters, per_key}
