@@ -29,7 +29,7 @@ import functools
 import math
 import secrets
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,26 +62,9 @@ REDIS_PY = "redis-py Lock"
 TARGET_COMMANDS = 12
 
 
-class Counter(CommandCounter):
-    """`INFO commandstats` as bench_redis.py reads it, plus PUBLISH (the prototype's wake-up)."""
-
-    def __call__(self) -> Mapping[str, float]:
-        import redis
-
-        with contextlib.closing(redis.Redis.from_url(self.url)) as r:
-            stats = r.info("commandstats")
-        calls = {k.removeprefix("cmdstat_"): float(v["calls"]) for k, v in stats.items()}
-        calls.pop("info", None)  # our own reads
-        return {
-            "Redis commands": sum(calls.values()),
-            "scripts": calls.get("evalsha", 0.0) + calls.get("fcall", 0.0),
-            "BLPOP": calls.get("blpop", 0.0),
-            "PUBLISH": calls.get("publish", 0.0),
-        }
-
-
 def contenders(redis_url: str, prefix: str, counted: bool) -> tuple[list[Contender], Contender]:
-    probe = Counter(redis_url) if counted else None
+    # PUBLISH: the prototype's wake-up
+    probe = CommandCounter(redis_url, also=("PUBLISH",)) if counted else None
     main = [
         Contender(
             BARE,

@@ -680,8 +680,9 @@ class CommandCounter:
     those run inside scripts, plus the client-sent script calls (EVALSHA and FCALL: Turnstile
     runs its lock steps as functions where the server has them) and BLPOP calls."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, also: tuple[str, ...] = ()) -> None:
         self.url = url
+        self.also = also  # more commands counted apart (e.g. "PUBLISH")
 
     def __call__(self) -> Mapping[str, float]:
         import redis
@@ -694,6 +695,7 @@ class CommandCounter:
             "Redis commands": sum(calls.values()),
             "scripts": calls.get("evalsha", 0.0) + calls.get("fcall", 0.0),
             "BLPOP": calls.get("blpop", 0.0),
+            **{name: calls.get(name.lower(), 0.0) for name in self.also},
         }
 
 
