@@ -8,6 +8,7 @@ to lock_machine.py by test_model_equivalence.py, with and without prepare=on.)""
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -367,8 +368,8 @@ def test_a_name_idle_at_its_last_acquires_is_granted_by_the_bare_update(pg_url: 
 
 
 def test_acquire_idle_is_acquire_fasts_update() -> None:
-    """queries.sql has no includes: acquire_idle repeats acquire_fast's UPDATE (and
-    acquire_fresh's ON CONFLICT branch the same SET). They must grant alike."""
+    """acquire_idle and acquire_fast share their UPDATE (queries.sql's FAST_GRANT part), and
+    acquire_fresh's ON CONFLICT branch repeats its SET. They must grant alike."""
     import re
 
     def update(name: str) -> str:
@@ -421,8 +422,8 @@ def test_a_wrong_name_key_only_misses(pg_url: str) -> None:
 
 
 def test_release_idle_is_release_fasts_update() -> None:
-    """queries.sql has no includes: release_idle repeats release_fast's UPDATE. They must
-    free alike."""
+    """release_idle and release_fast share their UPDATE (queries.sql's FAST_FREE part) and
+    return the same column. They must free alike."""
     import re
 
     def update(name: str) -> str:
@@ -462,3 +463,26 @@ def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str)
             assert backend.release("r", "h", g.grant.token)
     finally:
         client.close()
+
+
+def test_queries_sql_parts_are_filled_in_and_never_queries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A "-- part:" block is shared text: every __NAME__ of it in a query is replaced, it is
+    no query itself, and a query naming a part nobody defined is refused at load."""
+    assert "FAST_GRANT" not in pg.QUERIES and "FAST_FREE" not in pg.QUERIES
+    for text in pg.QUERIES.values():
+        assert "__FAST_GRANT__" not in text and "__FAST_FREE__" not in text
+    (tmp_path / "queries.sql").write_text(
+        "-- part: ROW\n-- a comment\nSELECT 1\n\n-- name: one\n__ROW__ AS a\n\n"
+        "-- name: two\nSELECT (__ROW__) FROM __SCHEMA__.t WHERE __RELAXED__\n",
+        "utf-8",
+    )
+    monkeypatch.setattr(pg, "_sql_folder", lambda: tmp_path)
+    assert pg._load_queries() == {
+        "one": "SELECT 1 AS a",
+        "two": "SELECT (SELECT 1) FROM __SCHEMA__.t WHERE __RELAXED__",
+    }
+    (tmp_path / "queries.sql").write_text("-- name: one\nSELECT __NOPE__\n", "utf-8")
+    with pytest.raises(RuntimeError, match="NOPE"):
+        pg._load_queries()

@@ -1,13 +1,41 @@
 -- The named queries of the PostgreSQL backend. Each block starts with "-- name: NAME"; the
 -- text up to the next block is the query. __SCHEMA__ is replaced by the quoted schema name.
--- Parameters are passed as data (%(param)s), never spliced in. Each query is one statement,
--- run in autocommit mode: one transaction, no session state (works through PgBouncer in
--- transaction mode). With prepare=on (the default) each is prepared under a name hashed
--- from its text (stores/postgres/prepared.py), which keeps that safe through a pooler.
+-- A block headed "-- part: NAME" is shared text, not a query: __NAME__ in a query stands for
+-- it (sql.py). Parameters are passed as data (%(param)s), never spliced in. Each query is
+-- one statement, run in autocommit mode: one transaction, no session state (works through
+-- PgBouncer in transaction mode). With prepare=on (the default) each is prepared under a
+-- name hashed from its text (stores/postgres/prepared.py), which keeps that safe through a
+-- pooler.
 -- %(name_key)s is sha256 of the name's UTF-8 bytes, computed by the client (the names row's
 -- key; hashing it in SQL cost about 5 us of server time per statement); the statements
 -- that find a row by it also check the row's name, so a wrong key can only miss (and the
 -- function, which hashes the name itself, then does the step).
+
+-- part: FAST_GRANT
+-- The fast grant (acquire_fast, acquire_idle): on an idle name, the caller becomes its holder
+-- in its row, the token max(last + 1, now in us) and the times from one clock reading (again
+-- if the UPDATE waited for a change of the row). Ends in its WHERE clause, for a statement
+-- to add to it; the statement says what it returns.
+UPDATE __SCHEMA__.names n
+SET (last_token, h_acquired, h_expires) = (
+        SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
+        FROM (SELECT greatest(n.last_token + 1,
+                              floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
+                     k.t
+              FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c),
+    lim = %(limit)s::integer, per_key = %(per_key)s::integer, busy = true,
+    h_holder = %(holder)s::text, h_key = %(key)s::text
+WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text AND NOT n.busy
+
+-- part: FAST_FREE
+-- The fast release (release_fast, release_idle): when the caller is the name's fast holder
+-- (so nobody else holds or waits), its row frees the name. Ends in its WHERE clause, as
+-- FAST_GRANT.
+UPDATE __SCHEMA__.names n
+SET busy = false, h_holder = NULL,
+    idle_since = coalesce(n.idle_since, coalesce(%(now)s::timestamptz, clock_timestamp()))
+WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text
+  AND n.h_holder = %(holder)s::text AND n.last_token = %(token)s::bigint
 
 -- name: acquire
 SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after, wait_id
@@ -34,16 +62,7 @@ SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
 -- set_config that lets this transaction commit without waiting for the disk (a filter on
 -- the one row returned, so evaluated once).
 WITH fast AS (
-    UPDATE __SCHEMA__.names n
-    SET (last_token, h_acquired, h_expires) = (
-            SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
-            FROM (SELECT greatest(n.last_token + 1,
-                                  floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
-                         k.t
-                  FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c),
-        lim = %(limit)s::integer, per_key = %(per_key)s::integer, busy = true,
-        h_holder = %(holder)s::text, h_key = %(key)s::text
-    WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text AND NOT n.busy
+__FAST_GRANT__
     RETURNING n.last_token, n.h_acquired, n.h_expires)
 SELECT r.granted, r.token, r.acquired_at, r.expires_at, r.queue_position, r.now, r.retry_after,
        r.wait_id, r.fast
@@ -75,16 +94,7 @@ WHERE __RELAXED__
 -- its last acquire found the name idle. The last column, fast, is true: the grant is a
 -- fast grant (acquire_fast and acquire_fresh say which branch answered). __RELAXED__: see
 -- acquire_fast; here a filter on the row the UPDATE changes.
-UPDATE __SCHEMA__.names n
-SET (last_token, h_acquired, h_expires) = (
-        SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
-        FROM (SELECT greatest(n.last_token + 1,
-                              floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
-                     k.t
-              FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c),
-    lim = %(limit)s::integer, per_key = %(per_key)s::integer, busy = true,
-    h_holder = %(holder)s::text, h_key = %(key)s::text
-WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text AND NOT n.busy AND __RELAXED__
+__FAST_GRANT__ AND __RELAXED__
 RETURNING true AS granted, n.last_token AS token,
           extract(epoch FROM n.h_acquired)::float8 AS acquired_at,
           extract(epoch FROM n.h_expires)::float8 AS expires_at,
@@ -148,11 +158,7 @@ WHERE __RELAXED__
 -- expired); otherwise the release function. The check is on the row the UPDATE locks, made
 -- again on its newest version if it waited for the lock. __RELAXED__: see acquire.
 WITH fast AS (
-    UPDATE __SCHEMA__.names n
-    SET busy = false, h_holder = NULL,
-        idle_since = coalesce(n.idle_since, coalesce(%(now)s::timestamptz, clock_timestamp()))
-    WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text
-      AND n.h_holder = %(holder)s::text AND n.last_token = %(token)s::bigint
+__FAST_FREE__
     RETURNING n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp()) AS released)
 SELECT r.released
 FROM (SELECT f.released FROM fast f
@@ -168,11 +174,7 @@ WHERE __RELAXED__
 -- caller is its fast holder and returns released; otherwise changes nothing and returns no
 -- row, and the client then calls release (the function). Without release_fast's WITH and
 -- UNION ALL, which cost more server time than the UPDATE. __RELAXED__: see acquire_idle.
-UPDATE __SCHEMA__.names n
-SET busy = false, h_holder = NULL,
-    idle_since = coalesce(n.idle_since, coalesce(%(now)s::timestamptz, clock_timestamp()))
-WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text
-  AND n.h_holder = %(holder)s::text AND n.last_token = %(token)s::bigint AND __RELAXED__
+__FAST_FREE__ AND __RELAXED__
 RETURNING n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp()) AS released
 
 -- name: renew

@@ -102,20 +102,34 @@ def _sql_folder() -> resources.abc.Traversable:
 
 
 def _load_queries() -> dict[str, str]:
+    """The named queries of queries.sql. A block headed "-- part: NAME" is not a query but
+    text that queries share: each "__NAME__" in a query is replaced by it (acquire_fast's
+    UPDATE is acquire_idle's, release_fast's is release_idle's), so the two cannot drift."""
     text = _sql_folder().joinpath("queries.sql").read_text("utf-8")
-    queries: dict[str, str] = {}
-    current: str | None = None
+    blocks: dict[tuple[str, str], str] = {}
+    current: tuple[str, str] | None = None
     lines: list[str] = []
     for line in text.splitlines():
-        match = re.fullmatch(r"-- name: (\w+)\s*", line)
+        match = re.fullmatch(r"-- (name|part): (\w+)\s*", line)
         if match:
             if current is not None:
-                queries[current] = "\n".join(lines).strip()
-            current, lines = match.group(1), []
+                blocks[current] = "\n".join(lines).strip()
+            current, lines = (match.group(1), match.group(2)), []
         elif current is not None and not line.startswith("--"):
             lines.append(line)
     if current is not None:
-        queries[current] = "\n".join(lines).strip()
+        blocks[current] = "\n".join(lines).strip()
+    parts = {name: body for (kind, name), body in blocks.items() if kind == "part"}
+    queries = {}
+    for (kind, name), body in blocks.items():
+        if kind == "name":
+            for part, shared in parts.items():
+                body = body.replace(f"__{part}__", shared)
+            queries[name] = body
+    unknown = {m for q in queries.values() for m in re.findall(r"__([A-Z_]+)__", q)}
+    unknown -= {"SCHEMA", "RELAXED", "QUERY", "CHANNEL_NAME"}  # filled in by render() etc.
+    if unknown:
+        raise RuntimeError(f"queries.sql names parts it does not define: {sorted(unknown)}")
     return queries
 
 
