@@ -57,6 +57,7 @@ from turnstile_bench.workers import progress
 
 BARE = "turnstile redis, no renewer"
 PROTO = "layout prototype"
+PROTO_FIELDS = "layout prototype, waiter fields"
 PRL = "python-redis-lock"
 REDIS_PY = "redis-py Lock"
 TARGET_COMMANDS = 12
@@ -77,6 +78,16 @@ def contenders(redis_url: str, prefix: str, counted: bool) -> tuple[list[Contend
             functools.partial(LayoutPrototypeLock, redis_url, f"{prefix}p:"),
             "turnstile_bench/layout_prototype.py: a plain lock on the proposed layout, "
             "grants published on the waiter's channel",
+            probe,
+        ),
+        Contender(
+            PROTO_FIELDS,
+            functools.partial(
+                LayoutPrototypeLock, redis_url, f"{prefix}f:", waiter_fields=True
+            ),
+            "the same with a field per waiter in the name's hash (`w:<holder>`: its entry "
+            "in line), which lets a holder leave the line from another process by name "
+            "alone: written in the join's HSET, dropped with one HDEL in the hand-over",
             probe,
         ),
         Contender(
@@ -113,9 +124,20 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         pc = proto.per_grant.get("Redis commands", math.nan)
         bc = bare.per_grant.get("Redis commands", math.nan)
         counts.append(pc)
+        fields = by.get(PROTO_FIELDS)
+        with_fields = ""
+        if fields is not None:
+            fc = fields.per_grant.get("Redis commands", math.nan)
+            counts.append(fc)
+            with_fields = (
+                f" ({fmt(fc)} with waiter fields, hand-over p50 {fmt(fields.gap_p50_ms)} ms, "
+                f"certain FIFO violations {fields.certain_fifo_violations}, overlaps "
+                f"{fields.overlaps})"
+            )
         lines.append(
-            f"- **{waiters} waiters.** Commands per grant: prototype {fmt(pc)}, Turnstile "
-            f"{fmt(bc)}, python-redis-lock {fmt(prl.per_grant.get('Redis commands', math.nan))}. "
+            f"- **{waiters} waiters.** Commands per grant: prototype {fmt(pc)}{with_fields}, "
+            f"Turnstile {fmt(bc)}, python-redis-lock "
+            f"{fmt(prl.per_grant.get('Redis commands', math.nan))}. "
             f"Hand-over p50: prototype {fmt(proto.gap_p50_ms)} ms, Turnstile "
             f"{fmt(bare.gap_p50_ms)} ms, python-redis-lock {fmt(prl.gap_p50_ms)} ms "
             f"(it handed {prl.handovers - prl.to_other} of {prl.handovers} successions back to "
@@ -129,9 +151,10 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"- The prototype's most commands per grant, {fmt(max(counts))}, is {verdict} the "
             f"issue's {TARGET_COMMANDS}: a waiter's join (FCALL; inside, HMGET, TIME, ZADD, "
             "HSET), the holder's release (FCALL; inside, HMGET, TIME, ZPOPMIN, PUBLISH, HSET), "
-            "and nothing on the waiter's side (the grant arrives on its subscription). The "
-            "keys' expiry is moved 300 s ahead at a time, as Turnstile's is, so it is not in "
-            "every step."
+            "and nothing on the waiter's side (the grant arrives on its subscription): 11; "
+            "with a field per waiter, its entry written in the join's HSET and dropped by one "
+            "HDEL in the release: 12. The keys' expiry is moved 300 s ahead at a time, as "
+            "Turnstile's is, so it is not in every step."
         )
     unc = {r.label: r for r in results["uncontended"]}
     if PROTO in unc and REDIS_PY in unc and BARE in unc:
@@ -155,15 +178,14 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "- What the prototype leaves out, and a migration would have to bring: priorities "
         "(a rank instead of the arrival stamp as the score, and the position then read with "
         "ZRANK), callback waiters and pending deliveries, semaphore groups, `status()` (the "
-        "line read from the members), leaving the line by holder alone from another process "
-        "(the member must be found: a field per waiter, which costs an HDEL per hand-over "
-        "and makes it 12), large semaphore limits (all holders are rewritten in one field on "
-        "every step: fine for a lock, O(limit) bytes for a semaphore of thousands), names "
-        "in use on the old layout, and the subscription: one more connection per client "
-        "process, re-subscribed after a reconnect (a grant published while it was down is "
-        "found by the waiter's next renewal of its place), and in a Cluster a PUBLISH is "
-        "broadcast to every node (SPUBLISH needs the channel in the name's slot, so one "
-        "subscription per name waited on)."
+        "line read from the members), large semaphore limits (all holders are rewritten in "
+        "one field on every step: fine for a lock, O(limit) bytes for a semaphore of "
+        "thousands), names in use on the old layout, and the subscription: one more "
+        "connection per client process, re-subscribed after a reconnect (a grant published "
+        "while it was down is found by the waiter's next renewal of its place). In a Cluster "
+        "a PUBLISH is broadcast to every node; SPUBLISH keeps it to the name's shard but "
+        "needs a channel in the name's slot: one per client and slot (a hash tag chosen for "
+        "the slot), subscribed once."
     )
     return lines
 

@@ -98,6 +98,7 @@ end
 -- Grant free slots to the front of the line: pop it, drop the dead, publish the grants.
 local function promote(st, chan_prefix)
   local free = st.limit - #st.hs
+  local gone = {}
   while free > 0 and st.n > 0 do
     local popped = redis.call('ZPOPMIN', st.L, math.min(free, st.n))
     if #popped == 0 then st.n = 0 break end
@@ -110,6 +111,7 @@ local function promote(st, chan_prefix)
       end
       st.n = st.n - 1
       local wexp, wttl, wwait, chan, holder = string.match(m, '^(%d+) (%d+) (%d+) (%S+) (.+)$')
+      table.insert(gone, 'w:' .. holder)
       if tonumber(wexp) > st.now then
         local h = {holder = holder, token = token(st), acquired = st.now,
                    expires = st.now + math.min(tonumber(wttl), tonumber(wwait)), claimed = false}
@@ -123,6 +125,8 @@ local function promote(st, chan_prefix)
     st.dirty = true
     st.fields['=n'] = fmt(st.n)
   end
+  -- With waiter fields, the popped entries' fields go too (one HDEL).
+  if st.wf and #gone > 0 then redis.call('HDEL', st.D, unpack(gone)) end
 end
 
 -- Write the step back: one HSET; the keys' expiry only when it must move.
@@ -148,13 +152,15 @@ local function finish(st)
 end
 
 -- ARGV: channel prefix, holder, limit, ttl_us, wait_ttl_us, the caller's channel, the
--- caller's member in line when it is waiting ("" otherwise).
+-- caller's member in line when it is waiting ("" otherwise), "1" to keep a field per waiter
+-- ("w:<holder>" = its member, so a holder can leave the line from another process).
 -- Returns {1, token, acquired_us, expires_us} or {0, member, position, stamp}.
 local function acquire(keys, args)
   local chan_prefix, holder = args[1], args[2]
   local limit, ttl, wait_ttl = tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
   local chan, member = args[6], args[7]
   local st = load(keys)
+  st.wf = args[8] == '1'
   if #st.hs == 0 and st.n == 0 and st.limit ~= limit then
     st.limit = limit
     st.fields['=limit'] = fmt(limit)
@@ -185,6 +191,7 @@ local function acquire(keys, args)
                     chan .. ' ' .. holder
       redis.call('ZREM', st.L, member)
       redis.call('ZADD', st.L, stamp, fresh)
+      if st.wf then st.fields['w:' .. holder] = fresh end
       st.newest = math.max(st.newest, st.now + wait_ttl)
       finish(st)
       return {0, fresh, -1, stamp}
@@ -204,17 +211,24 @@ local function acquire(keys, args)
                 chan .. ' ' .. holder
   redis.call('ZADD', st.L, fmt(stamp), fresh)
   st.fields['=seq'] = fmt(stamp)
+  if st.wf then st.fields['w:' .. holder] = fresh end -- in the same HSET
   st.fields['=n'] = fmt(st.n + 1)
   st.newest = math.max(st.newest, st.now + wait_ttl)
   finish(st)
   return {0, fresh, st.n, fmt(stamp)}
 end
 
--- ARGV: channel prefix, holder, token ("" for none), the caller's member in line ("").
+-- ARGV: channel prefix, holder, token ("" for none), the caller's member in line ("";
+-- found by its field with waiter fields on and no token), "1" for waiter fields.
 -- Returns 1 if something was released, else 0.
 local function release(keys, args)
   local chan_prefix, holder, tok, member = args[1], args[2], args[3], args[4]
   local st = load(keys)
+  st.wf = args[5] == '1'
+  if st.wf and tok == '' and member == '' then
+    -- Leaving the line by holder alone (from another process): the field finds the entry.
+    member = redis.call('HGET', st.D, 'w:' .. holder) or ''
+  end
   local released = 0
   for i, h in ipairs(st.hs) do
     if h.holder == holder and (tok == '' or h.token == tok) then
@@ -224,6 +238,7 @@ local function release(keys, args)
     end
   end
   if member ~= '' and redis.call('ZREM', st.L, member) == 1 then
+    if st.wf then redis.call('HDEL', st.D, 'w:' .. holder) end
     st.n = st.n - 1
     st.fields['=n'] = fmt(st.n)
     released = 1
@@ -258,7 +273,9 @@ class LayoutPrototypeLock(LockAdapter):
     releaser publishes the grant. While waiting it renews its place every ``wait_ttl / 3``.
     """
 
-    def __init__(self, url: str, prefix: str, wait_ttl: float = 30.0) -> None:
+    def __init__(
+        self, url: str, prefix: str, wait_ttl: float = 30.0, waiter_fields: bool = False
+    ) -> None:
         import redis
 
         self.redis = redis.Redis.from_url(url)
@@ -270,6 +287,7 @@ class LayoutPrototypeLock(LockAdapter):
         self.pubsub.subscribe(self.chan_prefix + self.client_id)
         self.ttl_us = int(TTL * 1e6)
         self.wait_ttl = wait_ttl
+        self.waiter_fields = "1" if waiter_fields else "0"
         self.count = 0
         self.held: tuple[list[str], str, str] | None = None
         self._names: dict[str, list[str]] = {}
@@ -302,6 +320,7 @@ class LayoutPrototypeLock(LockAdapter):
                 wait_ttl_us,
                 self.client_id,
                 member,
+                self.waiter_fields,
             )
         )
 
@@ -334,7 +353,9 @@ class LayoutPrototypeLock(LockAdapter):
         assert self.held is not None
         keys, holder, token = self.held
         self.held = None
-        self._fcall("tsproto_release", keys, self.chan_prefix, holder, token, "")
+        self._fcall(
+            "tsproto_release", keys, self.chan_prefix, holder, token, "", self.waiter_fields
+        )
 
     def close(self) -> None:
         self.redis.connection_pool.release(self._conn)
