@@ -16,7 +16,10 @@ semaphore groups, no status), written to count what a hand-over costs when
   expiry;
 - the wake-up is a ``PUBLISH`` of the grant on the waiting client's own channel (one
   subscription per client process, opened once), not a list per waiter that needs an expiry
-  and a ``BLPOP``.
+  and a ``BLPOP``;
+- optionally (``waiter_fields=True``), a field per waiter in the name's hash (``w:<holder>``:
+  its member in line), written in the join's ``HSET`` and dropped by one ``HDEL`` when the
+  entry leaves the line, so a holder can leave the line by name from another process.
 
 What it keeps from the real layout: leases that expire on the server clock, waiting entries
 that expire unless renewed (here every ``wait_ttl / 3``), fencing tokens ``max(last + 1,
