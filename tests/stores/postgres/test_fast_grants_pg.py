@@ -468,20 +468,26 @@ def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str)
 def test_queries_sql_parts_are_filled_in_and_never_queries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A "-- part:" block is shared text: every __NAME__ of it in a query is replaced, it is
-    no query itself, and a query naming a part nobody defined is refused at load."""
-    assert "FAST_GRANT" not in pg.QUERIES and "FAST_FREE" not in pg.QUERIES
-    for text in pg.QUERIES.values():
-        assert "__FAST_GRANT__" not in text and "__FAST_FREE__" not in text
+    """A "-- part:" block is shared text: every __NAME__ of it in a query (or a later part) is
+    replaced, it is no query itself, and a query naming a part nobody defined is refused at
+    load."""
+    parts = ["FAST_TIMES", "FAST_GRANT", "FAST_FREE", "FAST_ROW", "ACQUIRE_FALLBACK"]
+    for part in parts:
+        assert part not in pg.QUERIES
+        for text in pg.QUERIES.values():
+            assert f"__{part}__" not in text
     (tmp_path / "queries.sql").write_text(
-        "-- part: ROW\n-- a comment\nSELECT 1\n\n-- name: one\n__ROW__ AS a\n\n"
-        "-- name: two\nSELECT (__ROW__) FROM __SCHEMA__.t WHERE __RELAXED__\n",
+        "-- part: ROW\n-- a comment\nSELECT 1\n\n-- part: ROWS\n__ROW__ UNION ALL __ROW__\n\n"
+        "-- name: one\n__ROW__ AS a\n\n"
+        "-- name: two\nSELECT (__ROW__) FROM __SCHEMA__.t WHERE __RELAXED__\n\n"
+        "-- name: three\n__ROWS__\n",
         "utf-8",
     )
     monkeypatch.setattr(pg, "_sql_folder", lambda: tmp_path)
     assert pg._load_queries() == {
         "one": "SELECT 1 AS a",
         "two": "SELECT (SELECT 1) FROM __SCHEMA__.t WHERE __RELAXED__",
+        "three": "SELECT 1 UNION ALL SELECT 1",
     }
     (tmp_path / "queries.sql").write_text("-- name: one\nSELECT __NOPE__\n", "utf-8")
     with pytest.raises(RuntimeError, match="NOPE"):

@@ -11,18 +11,24 @@
 -- that find a row by it also check the row's name, so a wrong key can only miss (and the
 -- function, which hashes the name itself, then does the step).
 
+-- part: FAST_TIMES
+-- A fast grant's token and times, set on the name's row n: the token max(last + 1, now in us)
+-- and the lease from one clock reading (again if the statement waited for a change of the
+-- row). In FAST_GRANT and in acquire_fresh's ON CONFLICT branch.
+(last_token, h_acquired, h_expires) = (
+        SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
+        FROM (SELECT greatest(n.last_token + 1,
+                              floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
+                     k.t
+              FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c)
+
 -- part: FAST_GRANT
 -- The fast grant (acquire_fast, acquire_idle): on an idle name, the caller becomes its holder
 -- in its row, the token max(last + 1, now in us) and the times from one clock reading (again
 -- if the UPDATE waited for a change of the row). Ends in its WHERE clause, for a statement
 -- to add to it; the statement says what it returns.
 UPDATE __SCHEMA__.names n
-SET (last_token, h_acquired, h_expires) = (
-        SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
-        FROM (SELECT greatest(n.last_token + 1,
-                              floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
-                     k.t
-              FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c),
+SET __FAST_TIMES__,
     lim = %(limit)s::integer, per_key = %(per_key)s::integer, busy = true,
     h_holder = %(holder)s::text, h_key = %(key)s::text
 WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text AND NOT n.busy
@@ -36,6 +42,31 @@ SET busy = false, h_holder = NULL,
     idle_since = coalesce(n.idle_since, coalesce(%(now)s::timestamptz, clock_timestamp()))
 WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text
   AND n.h_holder = %(holder)s::text AND n.last_token = %(token)s::bigint
+
+-- part: FAST_ROW
+-- The head of acquire_fast's and acquire_fresh's answer: the fast grant of the CTE fast as
+-- a grant row (a statement may add a filter before ACQUIRE_FALLBACK).
+SELECT r.granted, r.token, r.acquired_at, r.expires_at, r.queue_position, r.now, r.retry_after,
+       r.wait_id, r.fast
+FROM (SELECT true AS granted, f.last_token AS token,
+             extract(epoch FROM f.h_acquired)::float8 AS acquired_at,
+             extract(epoch FROM f.h_expires)::float8 AS expires_at,
+             NULL::integer AS queue_position, extract(epoch FROM f.h_acquired)::float8 AS now,
+             NULL::float8 AS retry_after, NULL::bigint AS wait_id, true AS fast
+      FROM fast f
+
+-- part: ACQUIRE_FALLBACK
+-- The rest of that answer: when fast granted nothing, the acquire function's, called once
+-- (see acquire_fast); the row is r.
+      UNION ALL
+      SELECT (s.a).granted, (s.a).token, (s.a).acquired_at, (s.a).expires_at,
+             (s.a).queue_position, (s.a).now, (s.a).retry_after, (s.a).wait_id, false
+      FROM (SELECT __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
+                                      %(ttl)s::float8, %(wait_ttl)s::float8,
+                                      %(enqueue)s::boolean, %(now)s::timestamptz,
+                                      %(channel)s::text, %(wake)s::text, %(lead)s::bigint,
+                                      %(key)s::text, %(per_key)s::integer) AS a
+            WHERE NOT EXISTS (SELECT 1 FROM fast) OFFSET 0) s) r
 
 -- name: acquire
 SELECT granted, token, acquired_at, expires_at, queue_position, now, retry_after, wait_id
@@ -64,23 +95,8 @@ SELECT __SCHEMA__.release(%(name)s::text, %(holder)s::text, %(token)s::bigint,
 WITH fast AS (
 __FAST_GRANT__
     RETURNING n.last_token, n.h_acquired, n.h_expires)
-SELECT r.granted, r.token, r.acquired_at, r.expires_at, r.queue_position, r.now, r.retry_after,
-       r.wait_id, r.fast
-FROM (SELECT true AS granted, f.last_token AS token,
-             extract(epoch FROM f.h_acquired)::float8 AS acquired_at,
-             extract(epoch FROM f.h_expires)::float8 AS expires_at,
-             NULL::integer AS queue_position, extract(epoch FROM f.h_acquired)::float8 AS now,
-             NULL::float8 AS retry_after, NULL::bigint AS wait_id, true AS fast
-      FROM fast f
-      UNION ALL
-      SELECT (s.a).granted, (s.a).token, (s.a).acquired_at, (s.a).expires_at,
-             (s.a).queue_position, (s.a).now, (s.a).retry_after, (s.a).wait_id, false
-      FROM (SELECT __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
-                                      %(ttl)s::float8, %(wait_ttl)s::float8,
-                                      %(enqueue)s::boolean, %(now)s::timestamptz,
-                                      %(channel)s::text, %(wake)s::text, %(lead)s::bigint,
-                                      %(key)s::text, %(per_key)s::integer) AS a
-            WHERE NOT EXISTS (SELECT 1 FROM fast) OFFSET 0) s) r
+__FAST_ROW__
+__ACQUIRE_FALLBACK__
 WHERE __RELAXED__
 
 -- name: acquire_idle
@@ -120,35 +136,15 @@ WITH fast AS (
            k.t + %(ttl)s::float8 * interval '1 second', %(key)s::text
     FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k
     ON CONFLICT (key) DO UPDATE
-    SET (last_token, h_acquired, h_expires) = (
-            SELECT c.token, c.t, c.t + %(ttl)s::float8 * interval '1 second'
-            FROM (SELECT greatest(n.last_token + 1,
-                                  floor(extract(epoch FROM k.t) * 1000000)::bigint) AS token,
-                         k.t
-                  FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS t) k) c),
+    SET __FAST_TIMES__,
         lim = excluded.lim, per_key = excluded.per_key, busy = true,
         h_holder = excluded.h_holder, h_key = excluded.h_key
     WHERE NOT n.busy
     RETURNING n.last_token, n.h_acquired, n.h_expires, n.xmax = 0 AS inserted)
-SELECT r.granted, r.token, r.acquired_at, r.expires_at, r.queue_position, r.now, r.retry_after,
-       r.wait_id, r.fast
-FROM (SELECT true AS granted, f.last_token AS token,
-             extract(epoch FROM f.h_acquired)::float8 AS acquired_at,
-             extract(epoch FROM f.h_expires)::float8 AS expires_at,
-             NULL::integer AS queue_position, extract(epoch FROM f.h_acquired)::float8 AS now,
-             NULL::float8 AS retry_after, NULL::bigint AS wait_id, true AS fast
-      FROM fast f
+__FAST_ROW__
       WHERE NOT f.inserted
          OR (SELECT count(*) FROM __SCHEMA__._forget_idle(f.h_acquired)) >= 0
-      UNION ALL
-      SELECT (s.a).granted, (s.a).token, (s.a).acquired_at, (s.a).expires_at,
-             (s.a).queue_position, (s.a).now, (s.a).retry_after, (s.a).wait_id, false
-      FROM (SELECT __SCHEMA__.acquire(%(name)s::text, %(holder)s::text, %(limit)s::integer,
-                                      %(ttl)s::float8, %(wait_ttl)s::float8,
-                                      %(enqueue)s::boolean, %(now)s::timestamptz,
-                                      %(channel)s::text, %(wake)s::text, %(lead)s::bigint,
-                                      %(key)s::text, %(per_key)s::integer) AS a
-            WHERE NOT EXISTS (SELECT 1 FROM fast) OFFSET 0) s) r
+__ACQUIRE_FALLBACK__
 WHERE __RELAXED__
 
 -- name: release_fast

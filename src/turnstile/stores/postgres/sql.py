@@ -103,8 +103,9 @@ def _sql_folder() -> resources.abc.Traversable:
 
 def _load_queries() -> dict[str, str]:
     """The named queries of queries.sql. A block headed "-- part: NAME" is not a query but
-    text that queries share: each "__NAME__" in a query is replaced by it (acquire_fast's
-    UPDATE is acquire_idle's, release_fast's is release_idle's), so the two cannot drift."""
+    text that queries share: each "__NAME__" in a query, or in a later part, is replaced by
+    it (acquire_fast's UPDATE is acquire_idle's, release_fast's is release_idle's, the fast
+    grant's token and times are acquire_fresh's too), so the copies cannot drift."""
     text = _sql_folder().joinpath("queries.sql").read_text("utf-8")
     blocks: dict[tuple[str, str], str] = {}
     current: tuple[str, str] | None = None
@@ -119,13 +120,12 @@ def _load_queries() -> dict[str, str]:
             lines.append(line)
     if current is not None:
         blocks[current] = "\n".join(lines).strip()
-    parts = {name: body for (kind, name), body in blocks.items() if kind == "part"}
-    queries = {}
-    for (kind, name), body in blocks.items():
-        if kind == "name":
-            for part, shared in parts.items():
-                body = body.replace(f"__{part}__", shared)
-            queries[name] = body
+    parts: dict[str, str] = {}
+    queries: dict[str, str] = {}
+    for (kind, name), body in blocks.items():  # in file order: a part may use earlier ones
+        for part, shared in parts.items():
+            body = body.replace(f"__{part}__", shared)
+        (parts if kind == "part" else queries)[name] = body
     unknown = {m for q in queries.values() for m in re.findall(r"__([A-Z_]+)__", q)}
     unknown -= {"SCHEMA", "RELAXED", "QUERY", "CHANNEL_NAME"}  # filled in by render() etc.
     if unknown:
