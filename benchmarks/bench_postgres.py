@@ -43,7 +43,7 @@ from turnstile_bench import (
     machine_lines,
     main,
     no_overlaps,
-    uncontended_table,
+    uncontended_section,
     webhook_table,
 )
 from turnstile_bench.adapters import (
@@ -446,15 +446,7 @@ def markdown(
     out += [f"- **{c['label']}** — {c['note']}" for c in results["contenders"]]
     out += ["", "## Interpretation", ""]
     out += interpretation(results)
-    out += [
-        "",
-        "## Uncontended acquire + release (one process)",
-        "",
-        "Median of the interleaved trials; latency percentiles of the median trial.",
-        "",
-        uncontended_table(results["uncontended"], BASELINE),
-        "",
-    ]
+    out += uncontended_section(results["uncontended"], BASELINE)
     for group in _groups(results["handover"]):
         h = group[0]
         out += [

@@ -44,6 +44,7 @@ from turnstile_bench import (
     Sizes,
     TurnstileLock,
     UncontendedResult,
+    by_waiters,
     command_line,
     fmt,
     handover_table,
@@ -51,7 +52,7 @@ from turnstile_bench import (
     main,
     markdown_table,
     no_overlaps,
-    uncontended_table,
+    uncontended_section,
     webhook_table,
 )
 from turnstile_bench.adapters import (
@@ -152,16 +153,9 @@ def contenders(
 
 
 # -- reporting --------------------------------------------------------------------------------
-def _by_waiters(results: list[HandoverResult]) -> dict[int, dict[str, HandoverResult]]:
-    out: dict[int, dict[str, HandoverResult]] = {}
-    for r in results:
-        out.setdefault(r.processes - 1, {})[r.label] = r
-    return out
-
-
 def commands_table(results: list[HandoverResult]) -> str:
     """Redis commands per grant by number of waiters, for every Redis contender."""
-    groups = _by_waiters(results)
+    groups = by_waiters(results)
     labels = [r.label for r in results if r.per_grant and r.processes == results[0].processes]
     headers = ["lock"]
     for waiters in groups:
@@ -185,7 +179,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     """Generated from the numbers of this run."""
     lines: list[str] = []
     unc: dict[str, UncontendedResult] = {r.label: r for r in results["uncontended"]}
-    groups = _by_waiters(results["handover"])
+    groups = by_waiters(results["handover"])
     # Handover speed and fairness, beside the fastest Redis peer and the server queue.
     for waiters, by in groups.items():
         tw = by[TURNSTILE]
@@ -591,16 +585,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
     out += [f"- **{c['label']}** — {c['note']}" for c in results["contenders"]]
     out += ["", "## Interpretation", ""]
     out += interpretation(results)
-    out += [
-        "",
-        "## Uncontended acquire + release (one process)",
-        "",
-        "Median of the interleaved trials; latency percentiles of the median trial.",
-        "",
-        uncontended_table(results["uncontended"], REDIS_PY),
-        "",
-    ]
-    for waiters, by in _by_waiters(results["handover"]).items():
+    out += uncontended_section(results["uncontended"], REDIS_PY)
+    for waiters, by in by_waiters(results["handover"]).items():
         group = list(by.values())
         h = group[0]
         out += [

@@ -37,17 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from turnstile_bench import (
     Contender,
-    HandoverResult,
     LockBench,
     Sizes,
     TurnstileLock,
+    by_waiters,
     command_line,
     fmt,
     handover_table,
     machine_lines,
     main,
     no_overlaps,
-    uncontended_table,
+    uncontended_section,
     webhook_table,
 )
 from turnstile_bench.adapters import CommandCounter, PythonRedisLock, RedisPyLock
@@ -106,16 +106,9 @@ def contenders(redis_url: str, prefix: str, counted: bool) -> tuple[list[Contend
     return main, base
 
 
-def _by_waiters(results: list[HandoverResult]) -> dict[int, dict[str, HandoverResult]]:
-    out: dict[int, dict[str, HandoverResult]] = {}
-    for r in results:
-        out.setdefault(r.processes - 1, {})[r.label] = r
-    return out
-
-
 def interpretation(results: dict[str, Any]) -> list[str]:
     lines = []
-    groups = _by_waiters(results["handover"])
+    groups = by_waiters(results["handover"])
     counts = []
     for waiters, by in groups.items():
         proto, bare, prl = by.get(PROTO), by.get(BARE), by.get(PRL)
@@ -205,16 +198,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
     out += [f"- **{c['label']}** — {c['note']}" for c in results["contenders"]]
     out += ["", "## Interpretation", ""]
     out += interpretation(results)
-    out += [
-        "",
-        "## Uncontended acquire + release (one process)",
-        "",
-        "Median of the interleaved trials; latency percentiles of the median trial.",
-        "",
-        uncontended_table(results["uncontended"], REDIS_PY),
-        "",
-    ]
-    for waiters, by in _by_waiters(results["handover"]).items():
+    out += uncontended_section(results["uncontended"], REDIS_PY)
+    for waiters, by in by_waiters(results["handover"]).items():
         group = list(by.values())
         h = group[0]
         out += [

@@ -35,7 +35,7 @@ from turnstile_bench import (
     machine_lines,
     main,
     no_overlaps,
-    uncontended_table,
+    uncontended_section,
     webhook_table,
 )
 from turnstile_bench.adapters import FileLockAdapter, NaiveRowLock
@@ -260,15 +260,7 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
     out += [f"- **{c['label']}** — {c['note']}" for c in results["contenders"]]
     out += ["", "## Interpretation", ""]
     out += interpretation(results)
-    out += [
-        "",
-        "## Uncontended acquire + release (one process)",
-        "",
-        "Median of the interleaved trials; latency percentiles of the median trial.",
-        "",
-        uncontended_table(results["uncontended"], BASELINE),
-        "",
-    ]
+    out += uncontended_section(results["uncontended"], BASELINE)
     h = results["handover"][0]
     out += [
         f"## Handover: {h.processes} processes, one name, {fmt(h.hold_ms, 0)} ms critical sections",

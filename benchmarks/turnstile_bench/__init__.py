@@ -31,6 +31,7 @@ from .metrics import (
     webhook_metrics,
 )
 from .report import (
+    by_waiters,
     command_line,
     fmt,
     handover_table,
@@ -39,6 +40,7 @@ from .report import (
     markdown_table,
     ratio,
     to_json,
+    uncontended_section,
     uncontended_table,
     webhook_table,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "UncontendedResult",
     "WebhookResult",
     "WebhookScenario",
+    "by_waiters",
     "certain_fifo_violations",
     "command_line",
     "count_overlaps",
@@ -95,6 +98,7 @@ __all__ = [
     "run_webhooks",
     "run_workers",
     "to_json",
+    "uncontended_section",
     "uncontended_table",
     "webhook_metrics",
     "webhook_table",

@@ -74,6 +74,29 @@ def uncontended_table(results: Sequence[UncontendedResult], baseline: str | None
     return markdown_table(headers, rows)
 
 
+def uncontended_section(
+    results: Sequence[UncontendedResult], baseline: str | None = None
+) -> list[str]:
+    """The lock benchmarks' "Uncontended" section: heading, how to read it, the table."""
+    return [
+        "",
+        "## Uncontended acquire + release (one process)",
+        "",
+        "Median of the interleaved trials; latency percentiles of the median trial.",
+        "",
+        uncontended_table(results, baseline),
+        "",
+    ]
+
+
+def by_waiters(results: Sequence[HandoverResult]) -> dict[int, dict[str, HandoverResult]]:
+    """Handover runs by waiters (processes - 1), each by contender label, in run order."""
+    out: dict[int, dict[str, HandoverResult]] = {}
+    for r in results:
+        out.setdefault(r.processes - 1, {})[r.label] = r
+    return out
+
+
 def handover_table(
     results: Sequence[HandoverResult], baseline: str | None = None, counters: bool = False
 ) -> str:
