@@ -249,7 +249,7 @@ class Queue:
         """The store's batch step with this queue's settings: ack ``acks`` (id, receipt),
         then claim one message per receipt (``ack_claim_many``). The worker loop's step
         between two batches, and the HTTP service's ``/v1/queues/ack-claim``."""
-        acked, batch = self._backend.ack_claim_many(
+        return self._backend.ack_claim_many(
             self.name,
             acks,
             receipts=receipts,
@@ -258,7 +258,6 @@ class Queue:
             max_attempts=self.max_attempts,
             waiter=waiter,
         )
-        return acked, batch
 
     def _record_ack(self, message: Message, ok: bool) -> None:
         """The outcome of an ack sent with a claim, recorded on the message as

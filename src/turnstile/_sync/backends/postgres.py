@@ -403,20 +403,18 @@ class PostgresBackend:
         params: dict[str, Any] = {
             "name": name, "holder": holder, "token": token, "now": self._now()
         }
-        if not self._known_max:
-            row = self._run(self._q["release"], params, "release")
-            return bool(row[0])
-        params["name_key"] = pg.name_key(name)
-        streak = self._known.get(name)
-        if token is not None and streak is not None and streak >= IDLE_STREAK:
-            # Granted on a name idle at its last acquires here: the bare UPDATE, which frees
-            # the name if this is its fast holder and returns nothing otherwise (then the
-            # function does the whole step: another holder or a waiter came meanwhile).
-            row = self._run(self._q["release_idle"], params, "release")
-            if row is None:
-                row = self._run(self._release_call, params, "release")
-        else:
-            row = self._run(self._q["release"], params, "release")
+        if self._known_max:  # prepare=on: the plain statements find the row by its key
+            params["name_key"] = pg.name_key(name)
+            streak = self._known.get(name)
+            if token is not None and streak is not None and streak >= IDLE_STREAK:
+                # Granted on a name idle at its last acquires here: the bare UPDATE, which
+                # frees the name if this is its fast holder and returns nothing otherwise
+                # (then the function does the whole step: another holder or a waiter came).
+                row = self._run(self._q["release_idle"], params, "release")
+                if row is None:
+                    row = self._run(self._release_call, params, "release")
+                return bool(row[0])
+        row = self._run(self._q["release"], params, "release")
         return bool(row[0])
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
