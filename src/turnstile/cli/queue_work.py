@@ -228,6 +228,9 @@ class _Runner:
         self.verbose = verbose
         self.lock = threading.Lock()
         self.children: dict[int, subprocess.Popen[bytes]] = {}
+        # Commands counted by running(): from just before their start until they end, so a
+        # command whose start another thread has not registered yet is counted too.
+        self.active = 0
         self.terminated = False  # the grace period ended: running children were told to stop
         self.draining: int | None = None  # the signal that started a drain
         self.drain_started = threading.Event()
@@ -249,22 +252,28 @@ class _Runner:
         if message.key is not None:
             env["TURNSTILE_MESSAGE_KEY"] = message.key
         started = time.monotonic()
-        try:
-            child = subprocess.Popen(self.command, stdin=subprocess.PIPE, env=env)
-        except OSError as exc:
-            reason = exc.strerror or exc
-            raise CommandFailed(f"cannot execute {self.command[0]}: {reason}") from None
         with self.lock:
-            self.children[child.pid] = child
-            stopping = self.terminated
-        if stopping:  # started in the instant the grace period ended
-            child.terminate()
+            self.active += 1
         try:
-            with contextlib.suppress(BrokenPipeError):
-                child.communicate(body)  # CMD may leave stdin unread: that is fine
+            try:
+                child = subprocess.Popen(self.command, stdin=subprocess.PIPE, env=env)
+            except OSError as exc:
+                reason = exc.strerror or exc
+                raise CommandFailed(f"cannot execute {self.command[0]}: {reason}") from None
+            with self.lock:
+                self.children[child.pid] = child
+                stopping = self.terminated
+            if stopping:  # started in the instant the grace period ended
+                child.terminate()
+            try:
+                with contextlib.suppress(BrokenPipeError):
+                    child.communicate(body)  # CMD may leave stdin unread: that is fine
+            finally:
+                with self.lock:
+                    self.children.pop(child.pid, None)
         finally:
             with self.lock:
-                self.children.pop(child.pid, None)
+                self.active -= 1
         code = child.returncode
         if code < 0:
             # Killed by a signal: if it was a terminal's Ctrl-C (or a SIGTERM to the process
@@ -288,8 +297,11 @@ class _Runner:
         raise CommandFailed(f"command exited with {code}")
 
     def running(self) -> int:
+        """Commands started or starting and not yet ended. A command can be running (its
+        first line done) before the thread that started it has registered it, so counting
+        only registered children would say 1 where 2 run."""
         with self.lock:
-            return len(self.children)
+            return self.active
 
     def terminate_all(self, signum: int) -> None:
         with self.lock:
