@@ -126,12 +126,12 @@ def test_dropped_wait_step_reply(store: ProxiedStore, clients: Any) -> None:
     # A client's listening connection starts with its first wait, and a join made before it
     # is up is re-checked with a step once it is: the drop below would wait for a wake-up
     # that never comes. Up first, so the grant's wake-up is the reply dropped.
-    listener = through.backend.connection.listening()
+    listener = through.backend.listener
     assert listener is not None
+    listener.start()
     while not listener.up:
         assert time.monotonic() < deadline, "the listening connection never came up"
         time.sleep(0.01)
-        listener = through.backend.connection.listening()
     holder = direct.lock("job", ttl=TTL).acquire(timeout=10, holder="holder")
     fence.write(holder.token)
     got: dict[str, Any] = {}

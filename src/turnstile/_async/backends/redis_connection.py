@@ -173,13 +173,13 @@ class AsyncRedisConnection:
         return listener
 
     async def listening(self) -> AsyncRedisListener:
-        """The subscriber connection, made by the first waiter of this client, which gives
-        it a moment to come up. Until it is up, waiters poll (and are all woken when it
-        comes up)."""
+        """The subscriber connection, started by the first waiter of this client, which
+        gives it a moment to come up. Until it is up, waiters poll (and are all woken when
+        it comes up)."""
         listener = self.listener
-        if not listener.up:
+        if listener.start():
             timeout = float(self.config.options.get("socket_connect_timeout") or 2.0)
-            await listener.connect(min(LISTEN_START_WAIT, timeout))
+            await listener.wait_first_attempt(min(LISTEN_START_WAIT, timeout))
         return listener
 
     async def subscriber_client(self) -> Any:

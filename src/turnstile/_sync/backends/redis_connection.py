@@ -174,13 +174,13 @@ class RedisConnection:
         return listener
 
     def listening(self) -> RedisListener:
-        """The subscriber connection, made by the first waiter of this client, which gives
-        it a moment to come up. Until it is up, waiters poll (and are all woken when it
-        comes up)."""
+        """The subscriber connection, started by the first waiter of this client, which
+        gives it a moment to come up. Until it is up, waiters poll (and are all woken when
+        it comes up)."""
         listener = self.listener
-        if not listener.up:
+        if listener.start():
             timeout = float(self.config.options.get("socket_connect_timeout") or 2.0)
-            listener.connect(min(LISTEN_START_WAIT, timeout))
+            listener.wait_first_attempt(min(LISTEN_START_WAIT, timeout))
         return listener
 
     def subscriber_client(self) -> Any:

@@ -193,38 +193,29 @@ class WakeListener:
             self._complained = False
         self._wake_all()
 
-    def _failed(self, exc: BaseException) -> None:
-        """The listening connection failed (or could not be made): log it, once per outage
-        at warning level, then quietly until it is back."""
-        self._log.log(
-            logging.DEBUG if self._complained else logging.WARNING,
-            "no listening connection to %s (waiters re-check and poll until it is back; "
-            "retrying in %.2f s): %s",
-            self._display,
-            self._delay,
-            self._describe(exc),
-        )
-        self._complained = True
-
-    def _down(self) -> None:
-        """It no longer listens: a hand-over announced from now on may go unheard, so every
-        waiter re-checks (and polls until it listens again)."""
-        self._tried.set()
-        if self._ready.is_set():
-            with self._lock:
-                self._epoch += 1
-                self._ready.clear()
-            self._wake_all()
-
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self._session()
             except Exception as exc:
                 if not self._stop.is_set():
-                    self._failed(exc)
+                    # Once per outage at warning level, then quietly until it is back.
+                    self._log.log(
+                        logging.DEBUG if self._complained else logging.WARNING,
+                        "no listening connection to %s (waiters re-check and poll until it "
+                        "is back; retrying in %.2f s): %s",
+                        self._display,
+                        self._delay,
+                        self._describe(exc),
+                    )
+                    self._complained = True
             finally:
-                self._down()
+                self._tried.set()
+                if self._ready.is_set():
+                    with self._lock:
+                        self._epoch += 1
+                        self._ready.clear()
+                    self._wake_all()
             if _compat.wait_event(self._stop, self._delay):
                 return
             self._delay = min(self._delay * 2, RECONNECT_MAX)
