@@ -99,7 +99,21 @@ def _acquire_args(
     of a new waiting entry (ranking.py), 10 and 11 a semaphore group's per_key and key ("":
     none), 12 the channel a grant to the caller's waiting entry is published on ("": none;
     10 to 12 are sent only when one of them is given)."""
-    args: list[int | str] = [
+    if channel:
+        return [
+            name,
+            holder,
+            limit,
+            keys.lease_micros(ttl),
+            keys.lease_micros(wait_ttl),
+            1 if enqueue else 0,
+            callback,
+            ranking.lead(priority, ageing),
+            "" if per_key is None else per_key,
+            "" if key is None else key,
+            channel,
+        ]
+    return [
         name,
         holder,
         limit,
@@ -108,10 +122,8 @@ def _acquire_args(
         1 if enqueue else 0,
         callback,
         ranking.lead(priority, ageing),
+        *_group_args(key, per_key),
     ]
-    if channel:
-        return [*args, "" if per_key is None else per_key, "" if key is None else key, channel]
-    return [*args, *_group_args(key, per_key)]
 
 
 def _group_args(key: str | None, per_key: int | None) -> tuple[int | str, ...]:
