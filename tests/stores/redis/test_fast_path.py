@@ -223,9 +223,9 @@ def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
     threads = [_waiter(client, "last", handed, 1), _waiter(client, "last", handed, 2)]
     assert first.release() is True
     threads[0].join(10)
-    # Someone still waits: a full release step, which hands over (and publishes the wake-up).
+    # Someone still waits: a full release step, which hands over (and pushes the wake-up).
     spent = _spent(server, handed[0].release)
-    assert spent["script"] == 1 and spent["publish"] == 1, spent
+    assert spent["script"] == 1 and spent["rpush"] == 1, spent
     threads[1].join(10)
     # The line is empty now: the fast release (HMGET, TIME, HDEL, ZREM, HSET).
     spent = _spent(server, handed[1].release)
@@ -284,7 +284,7 @@ def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
     holder.release()
 
 
-def test_a_release_that_hands_over_costs_11_commands_in_its_script(
+def test_a_release_that_hands_over_costs_12_commands_in_its_script(
     client: turnstile.Client, server: RedisProcess
 ) -> None:
     """The holder's release, handing over to the front waiter: "=fast" (at most one holder)
@@ -300,15 +300,16 @@ def test_a_release_that_hands_over_costs_11_commands_in_its_script(
     lock.release("nobody", 1)  # the release script is loaded
     spent = _spent(server, holder.release)
     # HMGET x 2 (the name, the front waiter), (TIME), ZRANGE of the line, ZREM x 3 (line,
-    # waiters' expiry index, the old holder), ZADD of the grant, the PUBLISH of the wake-up
-    # on the waiter's client's channel, HDEL of both records, HSET.
+    # waiters' expiry index, the old holder), ZADD of the grant, RPUSH and PEXPIRE of the
+    # wake-up, HDEL of both records, HSET.
     assert spent == {
         "script": 1,
         "hmget": 2,
         "zrange": 1,
         "zrem": 3,
         "zadd": 1,
-        "publish": 1,
+        "rpush": 1,
+        "pexpire": 1,
         "hdel": 1,
         "hset": 1,
     }, spent

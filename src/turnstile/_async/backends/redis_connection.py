@@ -1,6 +1,5 @@
 """What the Redis lock and queue backends of one client share: the clients (the one the
-scripts run on, the ones blocked queue consumers BLPOP on, and the subscriber connection that
-wakes lock waiters, ``redis_listen.py``), the one path that runs a Lua script,
+scripts run on, and the ones blocked waiters BLPOP on), the one path that runs a Lua script,
 SCAN over hash tags, and the queue backend itself (made on first use). Every script reaches
 the server through :meth:`AsyncRedisConnection.run` (EVALSHA, SCRIPT LOAD on NOSCRIPT).
 
@@ -37,9 +36,7 @@ from ...stores.redis import driver, scripts
 from ...stores.redis.config import RedisConfig
 from ...stores.redis.driver import DRIVER_ERRORS
 from .. import _compat
-from .redis_listen import AsyncRedisListener
 from .redis_queue import AsyncRedisQueueBackend
-from .wakeups import LISTEN_START_WAIT
 
 log = logging.getLogger("turnstile.redis")
 
@@ -135,10 +132,6 @@ class AsyncRedisConnection:
         self._blocking: Any = None
         self._blocking_nodes: dict[tuple[str, int], Any] = {}
         self._queues: AsyncRedisQueueBackend | None = None
-        # The subscriber connection that wakes this client's lock waiters (made on first
-        # need, per process: see listener).
-        self._listener: AsyncRedisListener | None = None
-        self._listener_generation = forks.generation()
         # Until when operations keep retrying a server that refuses connections (see run).
         self._away_until: float | None = None
         # Connections run() took from this pool and keeps aside between scripts, each one
@@ -159,45 +152,6 @@ class AsyncRedisConnection:
 
     def unavailable(self, what: str, exc: BaseException) -> TurnstileError:
         return driver.unavailable(self.config, what, exc)
-
-    @property
-    def listener(self) -> AsyncRedisListener:
-        """The subscriber connection of this client (not started until a waiter needs it).
-        A forked child gets its own: the parent's connection and thread are not its."""
-        listener = self._listener
-        if listener is None or self._listener_generation != forks.generation():
-            if listener is not None:
-                forks.abandon(listener)
-            listener = self._listener = AsyncRedisListener(self)
-            self._listener_generation = forks.generation()
-        return listener
-
-    async def listening(self) -> AsyncRedisListener:
-        """The subscriber connection, started by the first waiter of this client, which
-        gives it a moment to come up. Until it is up, waiters poll (and are all woken when
-        it comes up)."""
-        listener = self.listener
-        if listener.start():
-            timeout = float(self.config.options.get("socket_connect_timeout") or 2.0)
-            await listener.wait_first_attempt(min(LISTEN_START_WAIT, timeout))
-        return listener
-
-    async def subscriber_client(self) -> Any:
-        """A new plain client for the subscriber connection. In a Cluster, of a node that
-        the Cluster client knows (PUBLISH reaches every node, so any one will do)."""
-        if not self.config.cluster:
-            return make_client(self.config, self.config.blocking_options(), _no_retry())
-        await self.client.initialize()  # unasync: async-only
-        node = self.client.get_random_node()
-        return Redis(
-            host=str(node.host),
-            port=int(node.port),
-            username=self.config.username,
-            password=self.config.password,
-            ssl=self.config.ssl,
-            retry=_no_retry(),
-            **self.config.blocking_options(),
-        )
 
     def blocking_client(self, key: str) -> Any:
         """A client of its own for BLPOP, so blocked waiters never hold the connections the
@@ -385,12 +339,6 @@ class AsyncRedisConnection:
             raise self.unavailable("PING", exc) from exc
 
     async def close(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            if self._listener_generation == forks.generation():
-                await listener.close()
-            else:
-                forks.abandon(listener)  # a forked child: the parent's
         clients = [self.client, self._blocking, *self._blocking_nodes.values()]
         self._spare = []  # closing the client's pool disconnects them too
         self._blocking = None
