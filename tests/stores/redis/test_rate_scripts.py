@@ -228,15 +228,24 @@ def test_an_admission_costs_the_same_with_2_and_32_waiters(server: RedisProcess)
     try:
         costs = {}
         for waiters in (2, 32):
-            limiter = client.rate_limit(f"line-{waiters}", rate=20, per=1.0)
-            assert limiter.try_acquire("first").acquired
-            for i in range(waiters):
-                assert limiter.try_acquire(f"w{i}").position == i
-            ticket = limiter.try_acquire("w0")
-            time.sleep(ticket.retry_after + 0.01)
-            before = _commands(server)
-            assert limiter.try_acquire("w0").acquired  # the head, at its slot
-            costs[waiters] = _commands(server) - before - 1  # less the INFO of `before`
+            for attempt in range(5):
+                limiter = client.rate_limit(f"line-{waiters}-{attempt}", rate=5, per=1.0)
+                assert limiter.try_acquire("first").acquired
+                for i in range(waiters):
+                    assert limiter.try_acquire(f"w{i}").position == i
+                ticket = limiter.try_acquire("w0")
+                if ticket.acquired:
+                    # The head's slot (0.2 s after the first admission) came while the line
+                    # formed (a slow machine): that step admitted it, and is not the one to
+                    # count. Again, under a fresh name.
+                    continue
+                time.sleep(ticket.retry_after + 0.01)
+                before = _commands(server)
+                assert limiter.try_acquire("w0").acquired  # the head, at its slot
+                costs[waiters] = _commands(server) - before - 1  # less the INFO of `before`
+                break
+            else:
+                pytest.fail("the line never formed before its head's slot, in 5 tries")
         assert costs[2] == costs[32], costs
 
         # The head at its slot: one EVALSHA running 14 commands (the purge of lapsed places
