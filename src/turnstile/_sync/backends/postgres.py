@@ -403,6 +403,7 @@ class PostgresBackend:
         params: dict[str, Any] = {
             "name": name, "holder": holder, "token": token, "now": self._now()
         }
+        statement = self._q["release"]
         if self._known_max:  # prepare=on: the plain statements find the row by its key
             params["name_key"] = pg.name_key(name)
             streak = self._known.get(name)
@@ -411,10 +412,10 @@ class PostgresBackend:
                 # frees the name if this is its fast holder and returns nothing otherwise
                 # (then the function does the whole step: another holder or a waiter came).
                 row = self._run(self._q["release_idle"], params, "release")
-                if row is None:
-                    row = self._run(self._release_call, params, "release")
-                return bool(row[0])
-        row = self._run(self._q["release"], params, "release")
+                if row is not None:
+                    return bool(row[0])
+                statement = self._release_call
+        row = self._run(statement, params, "release")
         return bool(row[0])
 
     def renew(self, name: str, holder: str, token: int, ttl: float) -> Grant | None:
