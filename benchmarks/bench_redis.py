@@ -226,9 +226,9 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                 text += " Bare acquire/release missed it in this run."
             text += (
                 " Both hand over in one round trip after the release: Turnstile's waiter "
-                "holds the grant its BLPOP pops, python-redis-lock's then sends a SET NX. "
-                "Turnstile's release script keeps a line, a fencing counter and expiry "
-                "indexes (12 commands inside it, against 3 in python-redis-lock's)"
+                "holds the grant its wake-up carries, python-redis-lock's then sends a SET "
+                "NX. Turnstile's release script keeps a line, a fencing counter and expiry "
+                "indexes (11 commands inside it, against 3 in python-redis-lock's)"
             )
             steps = results.get("costs", {}).get("steps", {})
             release = steps.get("release, hands over to the waiter (library)")
@@ -367,30 +367,29 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                 " A grant after waiting is the waiter's join (its script and 7 commands "
                 "inside behind another waiter: the name's record, the server clock, the "
                 "holder index, the line and the waiters' expiry index, the position, the "
-                "record written back), the holder's release (its script and 12 inside: the "
-                "name's record, the clock, the front of the line and its record, the front "
-                "waiter out of the line and the expiry index, the grant into the holder "
-                "index, the old holder out of it, both records in one HDEL, the record "
-                "written back, the wake-up list and its expiry) and one BLPOP. Every "
-                "index is what keeps expired leases and dead waiters from stalling a line "
-                "whatever its length; python-redis-lock (about 10) keeps neither a line nor "
-                "an expiry for waiters. What would meet it, counted: with one sorted set "
-                "for the line and the waiters' liveness (dead waiters dropped when they "
-                "reach the front rather than swept) and the holders kept only in the name's "
-                "record, a join is 4 commands inside (the record, the clock, the line, the "
-                "record written back; the position counted in the record) and a release 8 "
-                "(the record, the clock, the front popped with ZPOPMIN, its entry, the grant "
-                "written, the entries dropped, the wake-up list and its expiry): 15 with the "
-                "two scripts and the BLPOP. Under 12 also takes the waiter's entry carried "
-                "in its member of the line (nothing to read or drop: 13) and a wake-up that "
-                "is not a key, such as a PUBLISH on the waiter's channel received by its "
-                "client's subscription (no expiry to set, no BLPOP per grant: 11). "
-                "benchmarks/bench_redis_layout.py measures that layout as a prototype (a "
-                "plain lock: results/redis-layout.md, 11 commands per hand-over, hand-overs "
-                "and uncontended steps at least as fast). Adopting it is a new key layout "
-                "for every feature of the lock machine, a subscriber connection per client "
-                "and an upgrade in two releases: this one refuses names a later one marks as "
-                "moved (docs/redis.md), so that one can move them."
+                "record written back) and the holder's release (its script and 11 inside: "
+                "the name's record, the clock, the front of the line and its record, the "
+                "front waiter out of the line and the expiry index, the grant into the "
+                "holder index, the old holder out of it, both records in one HDEL, the "
+                "record written back, and the PUBLISH of the wake-up on the waiting "
+                "client's channel) with a PING sent ahead of it in the same write, so that "
+                "the server writes the woken waiter's message before the releaser's reply "
+                "(docs/redis.md); the waiter sends nothing more. Every index is what "
+                "keeps expired leases and dead waiters from stalling a line whatever its "
+                "length; python-redis-lock (about 10) keeps neither a line nor an expiry "
+                "for waiters. What would meet it, counted: with one sorted set for the line "
+                "and the waiters' liveness (dead waiters dropped when they reach the front "
+                "rather than swept), each waiter's entry carried in its member of the line "
+                "and the holders kept only in the name's record, a join is 4 commands inside "
+                "(the record, the clock, the line, the record written back; the position "
+                "counted in the record) and a release 5 (the record, the clock, the front "
+                "popped with ZPOPMIN, the record written back, the PUBLISH): 11 with the two "
+                "scripts. benchmarks/bench_redis_layout.py measures that layout as a "
+                "prototype (a plain lock: results/redis-layout.md, 11 commands per "
+                "hand-over, hand-overs and uncontended steps at least as fast). Adopting it "
+                "is a new key layout for every feature of the lock machine and an upgrade "
+                "in two releases: this one refuses names a later one marks as moved "
+                "(docs/redis.md), so that one can move them."
             )
         lines.append(text)
     if results["missing"]:
@@ -612,7 +611,9 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
             "(EVALSHA, FCALL) and BLPOP calls clients sent. For Turnstile a grant after "
             "waiting costs two steps (functions, FCALL, on this Redis 7 server) — the "
             "waiter's first acquire step (joins the line) and the holder's release (hands "
-            "over and pushes the wake-up, which carries the grant) — and one BLPOP.",
+            "over and publishes the wake-up, which carries the grant, on the waiting "
+            "client's channel), with a PING ahead of the release — and nothing more: the "
+            "waiter's client hears the wake-up on its one subscriber connection.",
             "",
             commands_table(results["handover"]),
             "",

@@ -5,11 +5,11 @@
     python benchmarks/bench_redis_layout.py --quick  # tiny sizes, < 60 s, writes nothing (CI)
 
 Issue 13 asks for at most 12 Redis commands per hand-over (those inside scripts included);
-Turnstile's layout sends 22 (benchmarks/results/redis.md). ``turnstile_bench/layout_prototype.py``
+Turnstile's layout sends 21 (benchmarks/results/redis.md). ``turnstile_bench/layout_prototype.py``
 is the layout that results file proposes, for a plain lock only: holders in one field of the
 name's hash, the line as one sorted set whose members carry the waiting entries (dead
 waiters dropped when they reach the front), and the grant published on the waiter's own
-channel instead of pushed to a list it BLPOPs. This script measures it, side by side in one
+channel (as Turnstile now does too). This script measures it, side by side in one
 run with Turnstile as it is (bare ``acquire()`` / ``release()``, like the prototype, which has
 no renewer) and python-redis-lock, before anyone migrates the store to it: commands per
 grant (``INFO commandstats``), hand-over latency at 2, 8 and 32 waiters, uncontended

@@ -120,8 +120,8 @@ class TurnstileLock(LockAdapter):
     def warm_up(self, name: str) -> None:
         """An acquire and release, then one wait: a second thread asks for ``name`` while it
         is held and is handed it on release. A Turnstile client opens its wake-up channel
-        (the Redis connection that blocks in BLPOP, the PostgreSQL LISTEN connection) on its
-        first wait; a worker that has waited once has it open, as the peers' single
+        (the Redis subscriber connection, the PostgreSQL LISTEN connection) on its first
+        wait; a worker that has waited once has it open, as the peers' single
         connection is after their warm-up."""
         super().warm_up(name)
         held = self._client.lock(name, ttl=self._ttl).acquire()

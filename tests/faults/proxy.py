@@ -10,9 +10,10 @@ the client only sees its connection reset. Each fault fires once.
 
 A connection matches when the requests it sent since its last reply contain
 ``request_marker`` (e.g. a holder name, a script's SHA1, ``b"BLPOP"``) and the reply chunk
-contains ``reply_marker`` (e.g. a PostgreSQL NOTIFY channel name); either may be left out.
-The request bytes are remembered until the store answers, so a fault armed while a request
-waits in the store (a blocked ``BLPOP``) fires on its reply.
+contains ``reply_marker`` (e.g. a PostgreSQL NOTIFY channel name, a Redis client's wake-up
+channel); either may be left out. The request bytes are remembered until the store answers,
+so a fault armed while a request waits in the store (a blocked ``BLPOP``) fires on its
+reply.
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ class FaultProxy:
             self._faults.append(_Fault(request_marker, reply_marker))
         self.dropped.clear()
 
-    def delay_next_reply(self, seconds: float, request_marker: bytes | None = None) -> None:
+    def delay_next_reply(
+        self,
+        seconds: float,
+        request_marker: bytes | None = None,
+        reply_marker: bytes | None = None,
+    ) -> None:
         """Arm one slow reply: the next matching reply is forwarded ``seconds`` late (the
         store ran the request on time; its answer is slow to arrive)."""
         with self._lock:
-            self._faults.append(_Fault(request_marker, None, seconds))
+            self._faults.append(_Fault(request_marker, reply_marker, seconds))
         self.dropped.clear()
 
     def armed(self) -> int:

@@ -1,12 +1,11 @@
 """Issue 17.2: one dropped reply never throws a grant away (Redis).
 
-A blocked waiter sends ``BLPOP`` on its own wake-up list; the holder's release pushes the
-grant to it. If the reply to that BLPOP is lost (the connection is reset), the wake-up and
-the grant in it are gone from the list: the waiter must still start on that lease with
-(about) its whole ttl ahead, without sending the BLPOP again (it would block on the empty
-list while the unclaimed grant runs out). Before the fix redis-py sent the blocking command
-again, and the lease was handed over with less than a third of its ttl left, then declared
-lost before its first renewal.
+A blocked waiter is woken by its client's subscriber connection: the holder's release
+PUBLISHes the grant on that client's channel. If that message is lost (the connection is
+reset), the waiter must still start on that lease with (about) its whole ttl ahead, and at
+once: the subscriber connection's loss wakes every waiter of the client to look again with
+a step, which claims the grant already made (per holder, the same grant). A wake-up that
+arrives late must not start a lease that is nearly over either.
 """
 
 from __future__ import annotations
@@ -23,12 +22,15 @@ from .conftest import ProxiedStore
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-TTL = 3.0  # the waiter's wait_ttl is min(ttl, 5 s), so each of its BLPOPs blocks ttl/3 = 1 s
+TTL = 9.0  # the waiter's wait_ttl is min(ttl, 5 s): it steps every 5/3 s while it waits
 
 
-def test_dropped_reply_to_the_wait_step_keeps_the_grant(
-    redis_store: ProxiedStore,
-) -> None:
+def _in_line(direct: turnstile.Client, through: turnstile.Client) -> bool:
+    listener = through.backend.connection.listener  # type: ignore[attr-defined]
+    return listener.up and [w.holder for w in direct.lock("job").status().waiters] == ["waiter"]
+
+
+def test_a_dropped_wake_up_still_hands_over_at_once(redis_store: ProxiedStore) -> None:
     proxy = redis_store.proxy
     direct = turnstile.connect(redis_store.direct)
     through = turnstile.connect(redis_store.url)
@@ -42,33 +44,33 @@ def test_dropped_reply_to_the_wait_step_keeps_the_grant(
                     got["at"] = time.monotonic()
                     got["remaining"] = lease.remaining
                     got["token"] = lease.token
-                    time.sleep(TTL * 0.9)  # across two renewals (every ttl/3)
+                    time.sleep(TTL * 0.4)  # across a renewal (every ttl/3)
                     got["lost"] = lease.lost
             except BaseException as exc:
                 got["error"] = exc
 
-        seen = proxy.request_count(b"BLPOP")
         thread = threading.Thread(target=waiter)
         thread.start()
-        # A BLPOP that has just started blocking (for 1 s): well inside it, lose the reply
-        # that the release's wake-up produces (the grant BLPOP pops).
-        assert proxy.wait_request(b"BLPOP", seen, 20), "the waiter never blocked"
-        seen = proxy.request_count(b"BLPOP")
-        assert proxy.wait_request(b"BLPOP", seen, 5), "the waiter never blocked again"
-        time.sleep(0.3)
-        blpops = proxy.request_count(b"BLPOP")
-        proxy.drop_next_reply(request_marker=b"BLPOP")
+        deadline = time.monotonic() + 20
+        while not _in_line(direct, through):
+            assert time.monotonic() < deadline, "the waiter never got in line"
+            time.sleep(0.01)
+        listener = through.backend.connection.listener  # type: ignore[attr-defined]
+        connects = listener.connects
+        # The wake-up the release publishes dies with the subscriber connection.
+        proxy.drop_next_reply(reply_marker=listener.channel.encode())
         released = time.monotonic()
         assert holder.release()
         thread.join(30)
-        assert proxy.drops == 1, "the reply to the wait step was not dropped"
-        # The lost BLPOP was not sent again (it would block on the list its wake-up left).
-        assert proxy.request_count(b"BLPOP") == blpops, "the blocking command was retried"
+        assert proxy.drops == 1, "the wake-up was not dropped"
         assert "error" not in got, repr(got.get("error"))
         assert got["token"] > holder.token
+        # Not left to the waiter's next heartbeat step: the lost connection woke it.
+        assert got["at"] - released < 1.0, got
         # Handed over with (about) its whole ttl: at most the time since the release is gone.
         assert got["remaining"] >= TTL - (got["at"] - released) - 0.1, got
         assert not got["lost"]
+        assert listener.connects == connects  # made again by the client's next wait only
         status = direct.lock("job").status()
         assert status.holders == () and status.waiters == ()
     finally:
@@ -76,13 +78,15 @@ def test_dropped_reply_to_the_wait_step_keeps_the_grant(
         direct.close()
 
 
-def test_a_wait_step_answer_that_arrives_late_is_asked_again(redis_store: ProxiedStore) -> None:
+def test_a_wake_up_that_arrives_late_is_not_taken_as_a_fresh_lease(
+    redis_store: ProxiedStore,
+) -> None:
     """A wake-up carries no send time of its own: the waiter counts the handed lease from
-    the step that put it in line, which may be a while before the wake-up. When the BLPOP's
-    answer also arrives late, the handed lease would look nearly over; the waiter claims it
-    with a step instead (per holder the same grant) and starts with the real remaining
-    time, as the store's clock tells it."""
-    ttl = 6.0  # each BLPOP blocks wait_ttl/3 = 5/3 s
+    the step that put it in line, which may be a while before the wake-up. When the wake-up
+    also arrives late, the handed lease would look nearly over; the waiter claims it with a
+    step instead (per holder the same grant) and starts with the real remaining time, as
+    the store's clock tells it."""
+    ttl = 6.0
     proxy = redis_store.proxy
     direct = turnstile.connect(redis_store.direct)
     through = turnstile.connect(redis_store.url)
@@ -100,18 +104,19 @@ def test_a_wait_step_answer_that_arrives_late_is_asked_again(redis_store: Proxie
             except BaseException as exc:
                 got["error"] = exc
 
-        seen = proxy.request_count(b"BLPOP")
         thread = threading.Thread(target=waiter)
         thread.start()
-        assert proxy.wait_request(b"BLPOP", seen, 20), "the waiter never blocked"
-        seen = proxy.request_count(b"BLPOP")
-        assert proxy.wait_request(b"BLPOP", seen, 5), "the waiter never blocked again"
-        time.sleep(1.0)  # a second into its BLPOP, then an answer 2.5 s slow:
-        proxy.delay_next_reply(2.5, request_marker=b"BLPOP")  # it would look 2.5 s from over
+        deadline = time.monotonic() + 20
+        while not _in_line(direct, through):
+            assert time.monotonic() < deadline, "the waiter never got in line"
+            time.sleep(0.01)
+        listener = through.backend.connection.listener  # type: ignore[attr-defined]
+        time.sleep(1.0)  # a second after its step, then a wake-up 2.5 s slow:
+        proxy.delay_next_reply(2.5, reply_marker=listener.channel.encode())
         released = time.monotonic()
         assert holder.release()
         thread.join(30)
-        assert proxy.drops == 1, "the reply to the wait step was not delayed"
+        assert proxy.drops == 1, "the wake-up was not delayed"
         assert "error" not in got, repr(got.get("error"))
         assert got["token"] > holder.token
         assert got["remaining"] >= ttl - (got["at"] - released) - 0.4, got

@@ -22,6 +22,10 @@ Handle = asyncio.Task[None]
 sleep = asyncio.sleep
 # The lease renewer task of an event loop ends as soon as nothing is held.
 RENEWER_IDLE = 0.0
+# A Redis waiter reading its client's subscriber connection reads this long at a time at
+# most: a cancelled waiter lets its read finish first (redis_listen.py), so this bounds how
+# late a cancellation takes effect.
+LISTEN_READ_SLICE = 0.25
 
 
 async def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

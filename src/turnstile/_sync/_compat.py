@@ -24,6 +24,10 @@ Event = threading.Event
 Handle = threading.Thread
 # The lease renewer thread of a process ends after this long with nothing held.
 RENEWER_IDLE = 30.0
+# A Redis waiter reading its client's subscriber connection reads this long at a time at
+# most (threads are not cancelled: as long as a blocked wait, like the BLPOP of a queue
+# consumer; redis_listen.py).
+LISTEN_READ_SLICE = 5.0
 # How often the main thread, waiting, comes back to the interpreter to run a signal handler.
 SIGNAL_POLL = 0.2
 

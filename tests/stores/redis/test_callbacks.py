@@ -65,14 +65,15 @@ def test_a_plain_lock_leaves_no_callback_keys_and_a_hand_over_costs_what_it_did(
     after = _calls(server)
     assert claimed.acquired
     # The release script (EVALSHA and the commands inside: HMGET, TIME, ZRANGE of the line,
-    # HMGET of the waiter, ZREM x 2, RPUSH and PEXPIRE of the wake-up, ZADD of the grant,
-    # ZREM of the holder, one HDEL of both records, HSET; "=fast" told it the holder was
-    # the only one, and HX, never empty, keeps an expiry past the grant) and a claiming
-    # acquire (HMGET, TIME, ZRANGE of the holders, DEL of the wake-up, ZADD, HSET; a waiter
-    # woken with the grant in its wake-up skips it): none of them a callback's (CW, PD
-    # untouched).
-    assert released - before == 1 + 12
-    assert after - released == 1 + 6
+    # HMGET of the waiter, ZREM x 2, the PUBLISH of the wake-up, ZADD of the grant, ZREM of
+    # the holder, one HDEL of both records, HSET; "=fast" told it the holder was the only
+    # one, and HX, never empty, keeps an expiry past the grant) and a claiming acquire
+    # (HMGET, TIME, ZRANGE of the holders, ZADD, HSET; a waiter woken with the grant in its
+    # wake-up skips it): none of them a callback's (CW, PD untouched). The release also
+    # sends a PING ahead of its script (RedisConnection._call: a woken waiter is written
+    # first).
+    assert released - before == 1 + 1 + 11
+    assert after - released == 1 + 5
     prefix = client.backend.config.prefix
     with server.admin() as admin:
         found = sorted(k.decode() for k in admin.scan_iter(match=f"{prefix}*"))

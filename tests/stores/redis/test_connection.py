@@ -9,6 +9,7 @@ of an old token never touches a newer holder.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 import redis
 
 import turnstile
+import turnstile.aio
 
 from ._tools import CuttingProxy, RedisProcess, redis_process, wait_until
 
@@ -154,9 +156,11 @@ def test_unreachable_proxy_raises_backend_unavailable_with_cause(
     assert f"127.0.0.1:{proxy.port}" in str(info.value)
 
 
-def test_killed_blocking_connection_still_gets_the_handover(
+def test_killed_subscriber_connection_still_gets_the_handover(
     server: RedisProcess, direct: turnstile.Client
 ) -> None:
+    """The waiting client's subscriber connection is killed: it reconnects, and the next
+    hand-over wakes the waiter on it at once."""
     lock = direct.lock("job", ttl=30)
     holder = lock.acquire(timeout=1)
     waiter_client = turnstile.connect(server.url + PREFIX)
@@ -173,19 +177,30 @@ def test_killed_blocking_connection_still_gets_the_handover(
     admin = server.admin()
     try:
 
-        def blocked_ids() -> list[int]:
-            return [int(c["id"]) for c in admin.client_list() if c.get("cmd") == "blpop"]
+        def subscriber_ids() -> list[int]:
+            return [
+                int(c["id"]) for c in admin.client_list() if int(c.get("sub", 0) or 0) > 0
+            ]
 
-        assert wait_until(lambda: bool(blocked_ids()), 10)
-        for cid in blocked_ids():
+        def in_line() -> bool:
+            return len(lock.status().waiters) == 1
+
+        assert wait_until(lambda: bool(subscriber_ids()) and in_line(), 10)
+        listener = waiter_client.backend.connection.listener  # type: ignore[attr-defined]
+        connects = listener.connects
+        for cid in subscriber_ids():
             admin.client_kill_filter(_id=cid)
+        # The subscriber connection comes back (the waiter looks again meanwhile, and once
+        # it is back: a hand-over announced in between would otherwise go unheard).
+        assert wait_until(lambda: listener.connects > connects and listener.up, 10)
         time.sleep(0.1)
         released_at = time.monotonic()
         assert holder.release()
         thread.join(20)
         assert not thread.is_alive()
         assert int(got["token"]) > holder.token  # type: ignore[call-overload]
-        # Woken by the handover (the waiter re-armed its BLPOP), not by a heartbeat.
+        # Woken by the handover (on the subscriber connection made again), not by a
+        # heartbeat.
         assert float(got["at"]) - released_at < 1.0  # type: ignore[arg-type]
     finally:
         admin.close()
@@ -246,3 +261,88 @@ def test_scripts_run_on_connections_kept_aside(direct: turnstile.Client) -> None
     for _ in range(10):  # each kept-aside connection answers the next script in step
         with lock.acquire(timeout=2):
             pass
+
+
+def test_many_waiters_of_one_client_share_one_subscriber_connection(
+    server: RedisProcess, direct: turnstile.Client
+) -> None:
+    """16 threads of one client wait on one name: the server sees one subscriber connection
+    of that client and none of its connections blocked in a command, and the hand-overs go
+    down the line in order, each to the next waiter, woken by its wake-up (read by whichever
+    waiter has the turn, and the turn passed on as each one leaves) rather than by its next
+    heartbeat step: 16 hand-overs left to heartbeats (every 5/3 s) would take about 27 s."""
+    waiters = 16
+    holder = direct.lock("many", ttl=30).acquire(timeout=1)
+    client = turnstile.connect(server.url + PREFIX + "&client_name=tt-many")
+    granted: list[tuple[str, int]] = []
+    errors: list[BaseException] = []
+    done = threading.Lock()
+
+    def wait(i: int) -> None:
+        try:
+            lease = client.lock("many", ttl=30).acquire(timeout=60, holder=f"w{i}")
+            with done:
+                granted.append((f"w{i}", lease.token))
+            lease.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(waiters)]
+    try:
+        for t in threads:
+            t.start()
+        lock = direct.lock("many")
+        assert wait_until(lambda: len(lock.status().waiters) == waiters, 30)
+        line = [w.holder for w in lock.status().waiters]
+        with server.admin() as admin:
+            mine = [c for c in admin.client_list() if c.get("name") == "tt-many"]
+        assert len([c for c in mine if int(c.get("sub", 0) or 0) > 0]) == 1, mine
+        assert not [c for c in mine if c.get("cmd", "").startswith(("bl", "br", "bz")) and
+                    int(c.get("sub", 0) or 0) == 0], mine
+        released = time.monotonic()
+        assert holder.release()
+        for t in threads:
+            t.join(60)
+        took = time.monotonic() - released
+        assert not errors, errors
+        assert took < 10, took
+        assert [h for h, _ in granted] == line  # first come, first served
+        tokens = [t for _, t in granted]
+        assert tokens == sorted(tokens) and tokens[0] > holder.token
+    finally:
+        client.close()
+
+
+async def test_many_async_waiters_share_one_subscriber_connection(server: RedisProcess) -> None:
+    """The async flavour: 16 tasks of one client wait on one name, woken in line order on
+    the client's one subscriber connection."""
+    waiters = 16
+    client = await turnstile.aio.connect(server.url + PREFIX + "&client_name=tt-many-aio")
+    try:
+        lock = client.lock("many-aio", ttl=30)
+        holder = await lock.acquire(timeout=1)
+        granted: list[tuple[str, int]] = []
+
+        async def wait(i: int) -> None:
+            lease = await client.lock("many-aio", ttl=30).acquire(timeout=60, holder=f"w{i}")
+            granted.append((f"w{i}", lease.token))
+            await lease.release()
+
+        tasks = [asyncio.ensure_future(wait(i)) for i in range(waiters)]
+        deadline = time.monotonic() + 30
+        while len((await lock.status()).waiters) < waiters:
+            assert time.monotonic() < deadline, "the waiters never all got in line"
+            await asyncio.sleep(0.01)
+        line = [w.holder for w in (await lock.status()).waiters]
+        with server.admin() as admin:
+            mine = [c for c in admin.client_list() if c.get("name") == "tt-many-aio"]
+        assert len([c for c in mine if int(c.get("sub", 0) or 0) > 0]) == 1, mine
+        released = time.monotonic()
+        assert await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert time.monotonic() - released < 10
+        assert [h for h, _ in granted] == line
+        tokens = [t for _, t in granted]
+        assert tokens == sorted(tokens) and tokens[0] > holder.token
+    finally:
+        await client.close()

@@ -78,8 +78,10 @@ def test_an_idle_name_costs_two_short_scripts_per_acquire_and_release(
 
     spent = _spent(server, cycles)
     # Per cycle: acquire = HMGET, TIME, HSET, ZADD, PEXPIREAT (the holder index was empty,
-    # so it is made again); release = HMGET, TIME, HDEL, ZREM, HSET.
+    # so it is made again); release = HMGET, TIME, HDEL, ZREM, HSET, and the PING sent ahead
+    # of every release (see RedisConnection._call: a woken waiter is written first).
     assert spent == {
+        "ping": 10,
         "script": 20,
         "hmget": 20,
         "hset": 20,
@@ -113,7 +115,7 @@ def test_a_new_names_first_acquire_gives_an_expiry_only_to_the_keys_it_makes(
     status = lock.status()
     assert [(h.holder, h.token) for h in status.holders] == [(leases[0].holder, leases[0].token)]
     spent = _spent(server, lambda: leases[0].release())
-    assert spent == {"script": 1, "hmget": 1, "hdel": 1, "zrem": 1, "hset": 1}, spent
+    assert spent == {"ping": 1, "script": 1, "hmget": 1, "hdel": 1, "zrem": 1, "hset": 1}, spent
     again = lock.acquire(timeout=1)
     assert again.token > leases[0].token
     assert again.release() is True
@@ -218,18 +220,22 @@ def test_a_hand_over_to_the_last_waiter_leaves_the_name_on_the_fast_path(
     """The release that hands over reads one waiter more than it grants, so it knows when
     it leaves the line empty: the new holder, alone then, releases on the fast path. With
     another waiter still in line, the new holder's release hands over in turn."""
+    # The subscriber connection up first: a waiter whose join came before it looks again
+    # with a step once it is up, which the counts below would see.
+    assert client.backend.connection.listening().up  # type: ignore[attr-defined]
     first = client.lock("last", ttl=30).acquire(timeout=1)
     handed: list[turnstile.Lease] = []
     threads = [_waiter(client, "last", handed, 1), _waiter(client, "last", handed, 2)]
     assert first.release() is True
     threads[0].join(10)
-    # Someone still waits: a full release step, which hands over (and pushes the wake-up).
+    # Someone still waits: a full release step, which hands over (and publishes the wake-up).
     spent = _spent(server, handed[0].release)
-    assert spent["script"] == 1 and spent["rpush"] == 1, spent
+    assert spent["script"] == 1 and spent["publish"] == 1, spent
     threads[1].join(10)
-    # The line is empty now: the fast release (HMGET, TIME, HDEL, ZREM, HSET).
+    # The line is empty now: the fast release (HMGET, TIME, HDEL, ZREM, HSET; and the PING
+    # ahead of it).
     spent = _spent(server, handed[1].release)
-    assert spent == {"script": 1, "hmget": 1, "hdel": 1, "zrem": 1, "hset": 1}, spent
+    assert spent == {"ping": 1, "script": 1, "hmget": 1, "hdel": 1, "zrem": 1, "hset": 1}, spent
     # The name is idle again: the fast acquire, and tokens still grow.
     lock = client.lock("last", ttl=30)
     spent = _spent(server, lambda: handed.append(lock.acquire(timeout=1)))
@@ -284,7 +290,7 @@ def test_a_join_costs_no_rank_check_and_no_position_read_on_an_empty_line(
     holder.release()
 
 
-def test_a_release_that_hands_over_costs_12_commands_in_its_script(
+def test_a_release_that_hands_over_costs_11_commands_in_its_script(
     client: turnstile.Client, server: RedisProcess
 ) -> None:
     """The holder's release, handing over to the front waiter: "=fast" (at most one holder)
@@ -300,16 +306,18 @@ def test_a_release_that_hands_over_costs_12_commands_in_its_script(
     lock.release("nobody", 1)  # the release script is loaded
     spent = _spent(server, holder.release)
     # HMGET x 2 (the name, the front waiter), (TIME), ZRANGE of the line, ZREM x 3 (line,
-    # waiters' expiry index, the old holder), ZADD of the grant, RPUSH and PEXPIRE of the
-    # wake-up, HDEL of both records, HSET.
+    # waiters' expiry index, the old holder), ZADD of the grant, the PUBLISH of the wake-up
+    # on the waiter's client's channel, HDEL of both records, HSET; and outside the script,
+    # the PING sent ahead of it in the same write, so that the server writes the woken
+    # waiter's message before the releaser's reply (RedisConnection._call).
     assert spent == {
+        "ping": 1,
         "script": 1,
         "hmget": 2,
         "zrange": 1,
         "zrem": 3,
         "zadd": 1,
-        "rpush": 1,
-        "pexpire": 1,
+        "publish": 1,
         "hdel": 1,
         "hset": 1,
     }, spent
@@ -412,3 +420,50 @@ def test_a_join_after_a_negative_priority_still_looks_for_a_rank_collision(
     spent = _spent(server, lambda: lock.release(first.holder, first.token))
     assert spent.get("zrange") == 1 and "zcount" not in spent, spent
     assert [h.holder for h in lock.status().holders] == ["w0"]
+
+
+def test_a_release_goes_out_with_a_ping_ahead_of_it_in_one_write(
+    client: turnstile.Client, server: RedisProcess
+) -> None:
+    """A release is sent as PING + its script on one connection in one write, so the PING's
+    reply queues the releaser before the script's PUBLISH queues the waiter's subscriber
+    connection, and Redis (which writes the clients of one event-loop turn last-queued
+    first) writes the woken waiter's message before the releaser's reply
+    (RedisConnection._call). The other steps go alone. MONITOR lists each client's commands
+    in the order the server ran them."""
+    assert client.backend.connection.listening().up  # type: ignore[attr-defined]
+    first = client.lock("ordered", ttl=30).acquire(timeout=1)
+    handed: list[turnstile.Lease] = []
+    thread = _waiter(client, "ordered", handed, 1)
+    seen: list[tuple[str, str]] = []  # (client, command) as MONITOR shows them
+    started = threading.Event()
+
+    def monitor() -> None:
+        with server.admin(timeout=10) as admin, admin.monitor() as m:
+            started.set()
+            for entry in m.listen():
+                if "monitor-done" in str(entry["command"]):
+                    return
+                client_id = f"{entry.get('client_address')}:{entry.get('client_port')}"
+                seen.append((client_id, str(entry["command"])))
+
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    assert started.wait(10)
+    time.sleep(0.2)  # MONITOR is on once its first reply came; give it a moment more
+    assert first.release() is True
+    thread.join(10)
+    assert handed and handed[0].release() is True
+    with server.admin() as admin:
+        admin.echo("monitor-done")  # the last command the monitor thread reads
+    watcher.join(10)
+    fcalls = [i for i, (_, cmd) in enumerate(seen) if cmd.startswith("FCALL ")]
+    releases = [i for i in fcalls if "_release " in seen[i][1]]
+    assert len(releases) == 2, seen  # the hand-over, then the new holder's release
+    for i in releases:
+        mine = [cmd for addr, cmd in seen[:i] if addr == seen[i][0]]
+        assert mine and mine[-1] == "PING", seen
+    for i in fcalls:
+        if i not in releases:  # the acquire steps: no PING of theirs ahead of them
+            mine = [cmd for addr, cmd in seen[:i] if addr == seen[i][0]]
+            assert not mine or mine[-1] != "PING", seen

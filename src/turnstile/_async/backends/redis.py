@@ -2,11 +2,12 @@
 reaches one Redis server or Redis Cluster.
 
 Each operation is one Lua script (``turnstile/stores/redis/lua/lock/*.lua``) run with
-EVALSHA, so it is atomic and judged by the server's clock (``TIME``). A waiter blocks in
-``BLPOP`` on its own wake-up list, on a connection kept apart from the one that runs the
-scripts; the script that hands a grant to a waiter pushes to that waiter's list only, so one
-release wakes one waiter. The keys of one name share a hash tag, so in a Cluster a name lives
-in one slot. See ``docs/redis.md`` for deployment, persistence and the key layout.
+EVALSHA, so it is atomic and judged by the server's clock (``TIME``). A waiting entry names
+its client's channel; the script that hands a grant to a waiter PUBLISHes the grant there,
+and the client's one subscriber connection (``redis_listen.py``) wakes that waiter only, so
+one release wakes one waiter and a waiter holds no connection while it waits. The keys of
+one name share a hash tag, so in a Cluster a name lives in one slot. See ``docs/redis.md``
+for deployment, persistence and the key layout.
 
 Callback grants (``acquire_callback``) are written, with their pending delivery, by the same
 scripts that make any grant. A deliverer finds them through a store-wide index of names with
@@ -40,10 +41,10 @@ from ..._core.records import (
 from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.redis import config as redis_config
 from ...stores.redis import keys, replies, scripts
-from ...stores.redis.config import MAX_BLOCK
 from ...stores.redis.driver import DRIVER_ERRORS, connect_error
-from .. import _compat
-from .redis_connection import RIDE_OUT, AsyncRedisConnection
+from .redis_connection import AsyncRedisConnection
+from .redis_listen import AsyncRedisListener, AsyncRedisWaiter
+from .wakeups import WakeMarks
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
@@ -72,7 +73,7 @@ CHARACTERISTICS = Characteristics(
     durable=False,  # until the server is seen to keep an append-only file
     woken_by_store=True,
     description="Redis",
-    keeps_early_wakeups=True,  # a waiter's own list keeps what was pushed before its BLPOP
+    keeps_early_wakeups=True,  # the subscriber keeps a wake-up for a waiter not armed yet
     queues=True,
     local_deliveries=True,
 )
@@ -91,11 +92,13 @@ def _acquire_args(
     ageing: float | None,
     key: str | None,
     per_key: int | None,
+    channel: str = "",
 ) -> list[int | str]:
     """acquire.lua's ARGV after the key base: ARGV 8 is the callback ("": none), 9 the lead
-    of a new waiting entry (ranking.py), 10 and 11 a semaphore group's per_key and key (sent
-    only for a group)."""
-    return [
+    of a new waiting entry (ranking.py), 10 and 11 a semaphore group's per_key and key ("":
+    none), 12 the channel a grant to the caller's waiting entry is published on ("": none;
+    10 to 12 are sent only when one of them is given)."""
+    args: list[int | str] = [
         name,
         holder,
         limit,
@@ -104,8 +107,10 @@ def _acquire_args(
         1 if enqueue else 0,
         callback,
         ranking.lead(priority, ageing),
-        *_group_args(key, per_key),
     ]
+    if channel:
+        return [*args, "" if per_key is None else per_key, "" if key is None else key, channel]
+    return [*args, *_group_args(key, per_key)]
 
 
 def _group_args(key: str | None, per_key: int | None) -> tuple[int | str, ...]:
@@ -114,77 +119,6 @@ def _group_args(key: str | None, per_key: int | None) -> tuple[int | str, ...]:
     if key is None and per_key is None:
         return ()
     return ("" if per_key is None else per_key, "" if key is None else key)
-
-
-class AsyncRedisWaiter:
-    """Blocks in BLPOP on the waiter's own list, which the granting script pushes to.
-
-    The list keeps a wake-up pushed before the waiter started waiting (until the grant it
-    announces lapses), so the acquire step made before this waiter was opened needs no
-    repeating (``Characteristics.keeps_early_wakeups``).
-
-    The wake-up carries the grant (``wake()`` in ``lua/lock/_lib.lua``): the woken waiter
-    holds it without another step (:meth:`handed`), and a renewal claims it for the full
-    ttl later, off the hand-over's path."""
-
-    def __init__(self, backend: AsyncRedisBackend, name: str, holder: str) -> None:
-        self._backend = backend
-        self._name = name
-        self._holder = holder
-        self._key = keys.signal_key(backend._keys.get(name)[0], holder)
-        self._handed: tuple[int, Grant] | None = None
-
-    async def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            # Redis reads the timeout in milliseconds and 0 means forever: round up.
-            block = max(0.001, min(left, MAX_BLOCK))
-            block = int(block * 1000 + 0.999) / 1000
-            cancels = _compat.cancel_count()
-            try:
-                client = self._backend.connection.blocking_client(self._key)
-                popped = await client.blpop([self._key], timeout=block)
-                _compat.raise_if_cancelled_since(cancels)
-                if popped is not None:
-                    self._handed = replies.handed_grant(self._name, self._holder, popped[1])
-                    return True
-            except DRIVER_ERRORS as exc:
-                _compat.raise_if_cancelled_since(cancels)
-                # The caller re-checks with an acquire step, which reports a store that is
-                # really gone. A restarting server is given RIDE_OUT (or the rest of this
-                # wait, if longer) to answer again, so a short restart costs nothing.
-                log.debug("BLPOP on %s failed: %s", self._backend.config.shown, exc)
-                await self._until_answering(max(deadline, time.monotonic() + RIDE_OUT))
-                return True
-
-    async def _until_answering(self, deadline: float) -> None:
-        """PING the server (on the blocking connection, never retried) until it answers or
-        ``deadline`` passes: a few times a second, so it is seen back within 0.1 s."""
-        pause = 0.01
-        while True:
-            await _compat.sleep(max(0.0, min(pause, deadline - time.monotonic())))
-            if time.monotonic() >= deadline:
-                return
-            try:
-                await self._backend.connection.blocking_client(self._key).ping()
-                return
-            except DRIVER_ERRORS:
-                pause = min(pause * 2, 0.1)
-
-    def handed(self, wait_id: int) -> Grant | None:
-        """The grant the last wake-up carried, if it was made for the waiting entry
-        ``wait_id`` (one made for an earlier entry of this holder is left to a step, which
-        finds whatever the holder has now)."""
-        handed, self._handed = self._handed, None
-        if handed is None or handed[0] != wait_id:
-            return None
-        return handed[1]
-
-    async def close(self) -> None:
-        self._handed = None
 
 
 class AsyncRedisBackend:
@@ -205,14 +139,23 @@ class AsyncRedisBackend:
         self._rate_scripts = scripts.load("rate")
         self._keys = keys.KeyCache(config.prefix)
         self._index_keys = keys.callback_index_keys(config.prefix)
+        # Steps that put a holder in line, for the waiter it arms next (open_waiter).
+        self._marks = WakeMarks()
+
+    @property
+    def listener(self) -> AsyncRedisListener:
+        """The subscriber connection that wakes this client's waiters."""
+        return self.connection.listener
 
     def queues(self) -> AsyncRedisQueueBackend:
         """The queue operations on this server (see ``redis_queue.py``)."""
         return self.connection.queues()
 
-    async def _run(self, op: str, name: str, args: list[Any]) -> Any:
+    async def _run(self, op: str, name: str, args: list[Any], *, lead: bool = False) -> Any:
         base, name_keys = self._keys.get(name)
-        return await self.connection.run(self._scripts[op], name_keys, [base, *args], op)
+        return await self.connection.run(
+            self._scripts[op], name_keys, [base, *args], op, lead=lead
+        )
 
     async def _index(self, args: list[Any]) -> Any:
         return await self.connection.run(
@@ -252,6 +195,8 @@ class AsyncRedisBackend:
         key: str | None = None,
         per_key: int | None = None,
     ) -> AcquireResult:
+        listener = self.connection.listener
+        mark = listener.mark()
         args = _acquire_args(
             name,
             holder,
@@ -264,15 +209,24 @@ class AsyncRedisBackend:
             ageing=ageing,
             key=key,
             per_key=per_key,
+            channel=listener.channel,
         )
         reply = await self._run("acquire", name, args)
         result = replies.acquire_result(name, holder, limit, reply, per_key)
         if len(reply) > 8:
             await self._notify(name, [replies.notify_score(reply) or ""])
+        if result.grant is not None:
+            self._marks.forget(name, holder)
+        elif result.wait_id is not None:
+            self._marks.remember(name, holder, listener, mark, wait_ttl)
         return result
 
     async def release(self, name: str, holder: str, token: int | None) -> bool:
-        reply = await self._run("release", name, [holder, "" if token is None else str(token)])
+        if token is None:
+            self._marks.forget(name, holder)  # leaving the line: no waiter to arm
+        reply = await self._run(
+            "release", name, [holder, "" if token is None else str(token)], lead=True
+        )
         if isinstance(reply, list):
             await self._notify(name, [replies.notify_score(reply) or ""])
             reply = reply[0]
@@ -435,7 +389,15 @@ class AsyncRedisBackend:
         return await self.connection.scan_names(pattern, "d", probe, prefix, max_count)
 
     async def open_waiter(self, name: str, holder: str) -> AsyncRedisWaiter:
-        return AsyncRedisWaiter(self, name, holder)
+        """Armed after the step that put ``holder`` in line (``keeps_early_wakeups``): the
+        wake-ups that came since are delivered on arming, and if one may be missing (the
+        subscriber connection was not up at that step, or reconnected since) the waiter
+        re-checks at once instead of waiting. Without a note of such a step (armed before
+        its step, as ``Lock.wait`` and the backend protocol allow), it waits."""
+        listener = await self.connection.listening()
+        since = self._marks.since(name, holder, listener)
+        key = self._keys.get(name)[0] + holder
+        return AsyncRedisWaiter(listener, key, name, holder, since)
 
     async def ping(self) -> None:
         await self.connection.ping()

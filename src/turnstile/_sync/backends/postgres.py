@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult
@@ -45,10 +44,9 @@ from ..._core.records import (
 from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.postgres import sql as pg
 from .postgres_connection import PostgresConnection, new_pool
-from .postgres_listen import ARMED_FIRST, Listener, PostgresWaiter
+from .postgres_listen import Listener, PostgresWaiter
+from .wakeups import WakeMarks
 
-# Steps that put a holder in line, remembered until its waiter is armed: at most this many.
-MARKS_MAX = 4096
 # Fast grants in a row after which a client sends a name acquire_idle (the bare UPDATE): one
 # would already pay on a name used by one worker at a time, but a name that is sometimes
 # contended (a webhook feed's orders) would then often pay a miss's extra round trip. A name
@@ -103,7 +101,7 @@ class PostgresBackend:
         # (name, holder) -> (listener, its mark before the step that put holder in line, when
         # that place lapses unless stepped again): what open_waiter checks, since the waiter
         # arms after that step.
-        self._marks: dict[tuple[str, str], tuple[Listener, int | None, float]] = {}
+        self._marks = WakeMarks()
         if self.config.relaxed:
             self.characteristics = dataclasses.replace(
                 CHARACTERISTICS,
@@ -172,31 +170,11 @@ class PostgresBackend:
             raise
         granted, token, acquired_at, expires_at, position, now, retry_after, wait_id = row[:8]
         if granted:
-            if self._marks:
-                self._marks.pop((name, holder), None)
+            self._marks.forget(name, holder)
             return AcquireResult(Grant(name, holder, token, acquired_at, expires_at), None, now)
         if wait_id is not None and listener is not None:
-            self._remember(name, holder, listener, mark, wait_ttl)
+            self._marks.remember(name, holder, listener, mark, wait_ttl)
         return AcquireResult(None, position, now, retry_after, wait_id)
-
-    def _remember(
-        self, name: str, holder: str, listener: Listener, mark: int | None, wait_ttl: float
-    ) -> None:
-        """Note that ``holder`` stepped into line with the LISTEN connection at ``mark``,
-        for the waiter it arms next (open_waiter). A note outlives the place in line it is
-        about (``wait_ttl`` without a step) only until the next note is taken; MARKS_MAX
-        bounds them anyway. Safe from several threads (dict operations are atomic; a
-        concurrent eviction may fail and is skipped)."""
-        marks = self._marks
-        now = time.monotonic()
-        marks.pop((name, holder), None)
-        marks[(name, holder)] = (listener, mark, now + wait_ttl)
-        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
-            while True:
-                oldest = next(iter(marks))
-                if len(marks) <= MARKS_MAX and marks[oldest][2] > now:
-                    break
-                del marks[oldest]
 
     def _acquire_row(
         self,
@@ -250,7 +228,7 @@ class PostgresBackend:
             new = streak is None
             known[name] = now_streak
             if new:
-                # Safe from several threads, as _remember: a concurrent eviction is skipped.
+                # Safe from several threads: a concurrent eviction is skipped.
                 with contextlib.suppress(RuntimeError, KeyError, StopIteration):
                     while len(known) > self._known_max:
                         del known[next(iter(known))]
@@ -398,8 +376,8 @@ class PostgresBackend:
         )
 
     def release(self, name: str, holder: str, token: int | None) -> bool:
-        if token is None and self._marks:
-            self._marks.pop((name, holder), None)  # leaving the line: no waiter to arm
+        if token is None:
+            self._marks.forget(name, holder)  # leaving the line: no waiter to arm
         params: dict[str, Any] = {
             "name": name, "holder": holder, "token": token, "now": self._now()
         }
@@ -479,12 +457,10 @@ class PostgresBackend:
         waiter re-checks at once instead of waiting. Without a note of such a step (armed
         before its step, as ``Lock.wait`` and the backend protocol allow), as before."""
         listener = self.connection.listening()
-        note = self._marks.pop((name, holder), None)
         if listener is None:
+            self._marks.forget(name, holder)
             return PostgresWaiter(None, "")
-        since: int | None = ARMED_FIRST
-        if note is not None:
-            since = note[1] if note[0] is listener else None
+        since = self._marks.since(name, holder, listener)
         return PostgresWaiter(listener, pg.wake_key(name, holder), name, holder, since)
 
     def ping(self) -> None:

@@ -17,8 +17,9 @@ MAX_PREFIX_BYTES = 256
 # Defaults when the URL does not set them: fail fast on an unreachable server.
 DEFAULT_SOCKET_CONNECT_TIMEOUT = 5.0
 DEFAULT_SOCKET_TIMEOUT = 10.0
-# A waiter blocks at most this long in one BLPOP (then blocks again), so the blocking
-# connection's socket timeout can stay bounded (a dead server is noticed).
+# A blocked queue consumer blocks at most this long in one BLPOP (then blocks again), so the
+# blocking connection's socket timeout can stay bounded (a dead server is noticed); the lock
+# waiters' subscriber connection reads with the same bound.
 MAX_BLOCK = 5.0
 # Redis keeps its database count in a signed int (`databases`): no index can be larger.
 MAX_DB = 2**31 - 2

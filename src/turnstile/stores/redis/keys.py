@@ -22,7 +22,9 @@ a key, only stored as data), so a name lives in one Redis Cluster slot::
     <prefix>{T}:cw   zset  callback waiters by waiting-entry expiry (only while D has "=cb")
     <prefix>{T}:pd   zset  holders whose callback delivery is pending, by the deliverer's
                            claim on it (0: unclaimed; only while D has "=cb")
-    <prefix>{T}:s:<holder>  list  wake-up signal of one waiting holder
+
+A lock waiter is woken by a PUBLISH on its client's channel, ``<prefix>w:<random id>``
+(``_async/backends/redis_listen.py``): a channel, not a key, so nothing to expire or clean.
 
 The store-wide index of names with callbacks (``lua/lock/index.lua``) shares one hash tag of
 its own, ``{callbacks}``, never a name's (those are 32 hex digits)::
@@ -100,8 +102,7 @@ def callback_index_keys(prefix: str) -> list[str]:
 
 
 def signal_key(base: str, owner: str) -> str:
-    """The wake-up list of one waiter: a waiting holder under a lock's base, a blocked
-    consumer under a queue's base."""
+    """The wake-up list of a blocked queue consumer, under its queue's base."""
     return f"{base}s:{owner}"
 
 

@@ -24,8 +24,9 @@
 --                       claimed_until_us attempts callback" (the callback text last: it may
 --                       hold spaces),
 --                     "w:"..holder -> "ttl_us wait_ttl_us joined_us expires_us" (joined_us:
---                       the arrival stamp), or for a callback waiter the same followed by
---                       " callback";
+--                       the arrival stamp), followed for a waiter to be woken by
+--                       " @<bytes> <channel>" (its client's channel, see wake()), or for a
+--                       callback waiter by " callback" (a JSON object);
 --                     a group's holder or waiter record starts with its key, length first:
 --                       "k<bytes> <key> " then the record above (a key may hold spaces and
 --                       anything but NUL; a record without it, as every record written
@@ -41,9 +42,8 @@
 --                     it (claimed_until_us; 0: nobody's)
 -- CW and PD are touched only while "=cb" is set, so a name that never had a callback waiter
 -- sends exactly the commands it sent before callbacks existed.
--- ARGV[1] is the common key base "<prefix>{T}:"; the wake-up list of holder X is
--- BASE .. "s:" .. X. It is not in KEYS (which waiter to wake is only known inside the
--- script) but carries the same hash tag, so it lives in the same slot.
+-- ARGV[1] is the common key base "<prefix>{T}:". A waiter is woken by a PUBLISH on its
+-- client's channel (wake()), which is not a key: nothing to keep, expire or clean up.
 --
 -- Times are integer microseconds on the server clock (TIME). Redis 5+ replicates a script's
 -- effects, not the script, so reading TIME before writing is safe on replicas and in AOF.
@@ -233,12 +233,19 @@ local function parse_waiter(record)
   local ttl, wait_ttl, joined, expires, rest = string.match(s, '^(%d+) (%d+) (%d+) (%d+)(.*)$')
   local w = {ttl = tonumber(ttl), wait_ttl = tonumber(wait_ttl), joined = tonumber(joined),
              expires = tonumber(expires), key = key}
+  if string.sub(rest, 1, 2) == ' @' then
+    local n, at = string.match(rest, '^ @(%d+) ()')
+    n = tonumber(n)
+    w.ch = string.sub(rest, at, at + n - 1)
+    rest = string.sub(rest, at + n)
+  end
   if rest ~= '' then w.cb = string.sub(rest, 2) end
   return w
 end
 
 local function pack_waiter(w)
   local s = fmt(w.ttl) .. ' ' .. fmt(w.wait_ttl) .. ' ' .. fmt(w.joined) .. ' ' .. fmt(w.expires)
+  if w.ch then s = s .. ' @' .. #w.ch .. ' ' .. w.ch end
   if w.cb then s = s .. ' ' .. w.cb end
   return with_key(w.key, s)
 end
@@ -435,21 +442,19 @@ local function next_token()
   return fmt(S.last)
 end
 
-local function signal_key(holder)
-  return BASE .. 's:' .. holder
-end
-
--- Wake exactly this waiter: one entry in its own list, which it BLPOPs, carrying the grant
--- "g <token> <acquired_us> <expires_us> <joined_us>" (joined_us: the waiting entry it was
--- made for, the wait_id of that entry's acquire replies), so the waiter holds it without
+-- Wake exactly this waiter: a PUBLISH on its client's channel (its record's "@"), carrying
+-- the grant "g <token> <acquired_us> <expires_us> <joined_us> <base><holder>" (joined_us:
+-- the waiting entry it was made for, the wait_id of that entry's acquire replies; then
+-- which waiter, by the name's key base and the holder), so the waiter holds it without
 -- another step (the grant is unclaimed: it lasts min(ttl, wait_ttl) until a renewal claims
--- it). A client of a release before wake-ups carried grants reads any entry as a bare
--- wake-up and claims with a step. The list expires with the unclaimed grant it announces.
-local function wake(holder, h, joined)
-  local key = signal_key(holder)
-  redis.call('RPUSH', key, 'g ' .. h.token .. ' ' .. fmt(h.acquired) .. ' ' .. fmt(h.expires) ..
-             ' ' .. fmt(joined))
-  redis.call('PEXPIRE', key, fmt(math.floor((h.expires - NOW) / 1000) + 1))
+-- it). Its client's one subscriber connection hands it to the waiter (redis_listen.py). A
+-- wake-up nobody hears (the client gone, its connection down) costs nothing: the waiter's
+-- next step finds the grant, and an unclaimed grant lapses by itself. A waiter whose record
+-- names no channel is not woken: it asks again with steps.
+local function wake(holder, h, w)
+  if not w.ch then return end
+  redis.call('PUBLISH', w.ch, 'g ' .. h.token .. ' ' .. fmt(h.acquired) .. ' ' ..
+             fmt(h.expires) .. ' ' .. fmt(w.joined) .. ' ' .. BASE .. holder)
 end
 
 -- Grant the waiters `front` (their records `recs`, in line order) and take them out of the
@@ -480,7 +485,7 @@ local function grant_waiters(front, recs, claimant)
       local lease = claimed and w.ttl or math.min(w.ttl, w.wait_ttl)
       h = {token = next_token(), acquired = NOW, expires = NOW + lease, claimed = claimed,
            key = w.key}
-      if not claimed then wake(holder, h, w.joined) end
+      if not claimed then wake(holder, h, w) end
     end
     granted[holder] = h
     table.insert(grants, {holder, h})

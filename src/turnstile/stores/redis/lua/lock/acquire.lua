@@ -12,7 +12,9 @@
 --       [10] (optional; "" or absent: none) per_key: the name is a semaphore group whose
 --       total is the limit (lock_machine.acquire: an idle name takes it, a newcomer naming
 --       another one on a busy name is refused)  [11] (optional; "" or absent: none) the key
---       the caller asks for in the group (never empty: validate.group_key)
+--       the caller asks for in the group (never empty: validate.group_key)  [12] (optional;
+--       "" or absent: none) the channel of the caller's client, on which a grant to this
+--       waiting entry is published (wake() in _lib.lua); a waiter asking again names it anew
 -- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us,
 --          wait_id [, notify]}:
 --   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
@@ -37,6 +39,8 @@ local lead = tonumber(ARGV[9] or '0')
 local per_key = ARGV[10] ~= nil and ARGV[10] ~= '' and tonumber(ARGV[10]) or false
 local key = ARGV[11]
 if key == '' then key = nil end
+local channel = ARGV[12]
+if channel == '' or callback then channel = nil end -- a callback waiter is never woken
 
 load(holder)
 if S.name and S.name ~= name then
@@ -73,7 +77,6 @@ if mine then
     mine.claimed = true
     mine.expires = NOW + ttl
     changed = true
-    redis.call('DEL', signal_key(holder))
   end
   if callback and callback ~= mine.cb then
     -- A new callback (a new task token) for the grant we hold: deliver it there.
@@ -94,6 +97,7 @@ if S.waiting then
   local w = parse_waiter(S.waiting)
   w.ttl, w.wait_ttl, w.expires = ttl, wait_ttl, NOW + wait_ttl
   if callback then w.cb = callback end
+  w.ch = not w.cb and channel or nil -- the client that asked last is woken
   put_waiter(holder, w)
   wait_id = fmt(w.joined)
 elseif free > 0 and (not S.pk or key_has_room(key)) then
@@ -116,7 +120,7 @@ elseif enqueue then
   alone = NO_WAITERS -- the line is empty: this waiter is next
   local stamp = join(holder, lead)
   put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = stamp, expires = NOW + wait_ttl,
-                      cb = callback, key = key})
+                      cb = callback, key = key, ch = channel})
   wait_id = fmt(stamp)
 end
 

@@ -1,7 +1,6 @@
 -- release: model.release, then wake whoever was granted the freed slots.
 -- Only the lease with the given token is touched; without a token, also the holder's place
--- in line (and any grant handed to it meanwhile). A stale or repeated release changes
--- nothing.
+-- in line. A stale or repeated release changes nothing.
 --
 -- KEYS: D HX WX WQ CW PD (see _lib.lua)
 -- ARGV: [1] key base  [2] holder  [3] token as a decimal string, or "" for none
@@ -21,7 +20,6 @@ if token == '' then
     drop_waiter(holder)
     released = 1
   end
-  redis.call('DEL', signal_key(holder))
 end
 if S.limit and not NO_WAITERS then promote(S.limit, nil) end
 if NO_WAITERS and not S.cb and not S.pk then

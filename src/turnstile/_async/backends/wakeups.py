@@ -1,0 +1,350 @@
+"""A client's one wake-up connection, and the waiters it wakes: shared by PostgreSQL (LISTEN,
+``postgres_listen.py``) and Redis (SUBSCRIBE, ``redis_listen.py``). A store announces a
+hand-over on the channel the waiter's client named in its step, with the grant in the
+payload; the client's listener hands the payload to the local waiter it names, by wake key.
+
+Whatever the store, a client keeps one such connection however many waiters it has, and
+every waiter knows whether a wake-up for it may have gone unheard (the connection down,
+reconnecting, or not yet up when its step was made), in which case it looks again at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+from ..._core.records import Grant
+from .. import _compat
+
+# The sync listening thread looks at its stop flag this often (the async task is cancelled).
+LISTEN_TICK = 0.25
+# A listening connection that has been silent this long is checked with a round trip.
+LISTEN_PING = 15.0
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 2.0
+# Without a working listening connection a waiter looks again after these pauses (doubling).
+POLL_MIN = 0.005
+POLL_MAX = 0.2
+# How long the first waiter of a client waits for the listening connection to come up.
+LISTEN_START_WAIT = 2.0
+# Wake-ups for a key no local waiter has registered yet are kept (a lock waiter arms after
+# its first step: see AsyncWakeListener.register), at most this many, for at most this long.
+EARLY_MAX = 1024
+EARLY_KEEP = 30.0
+# AsyncWakeListener.register: the waiter was armed before the step it waits on.
+ARMED_FIRST = -1
+# WakeMarks: notes of steps whose waiter has not armed yet, at most this many.
+MARKS_MAX = 4096
+
+
+class AsyncWakeListener:
+    """The one listening connection of a client, dispatching payloads to local waiters.
+
+    A lock waiter arms after its first step (``keeps_early_wakeups``), so a wake-up for it
+    may arrive first: a payload for a key nobody has registered is kept (:attr:`_early`, a
+    few, for a while) and delivered when that key registers. Whatever could make such a
+    wake-up go unheard or be dropped before it is claimed (the connection down or
+    reconnecting, an early one evicted) moves :attr:`_epoch` on; a waiter whose step was
+    made at another epoch, or while the connection was not up, re-checks at once.
+
+    A store's subclass gives :meth:`_session` (connect, listen, call :meth:`_listening`
+    once listening, then pass each payload to :meth:`_dispatch` until stopped or failed),
+    :meth:`_split` (a payload's wake key), and :meth:`_describe` (an error as the log may
+    show it: no secret); its waiters, :meth:`AsyncWakeWaiter._parse`."""
+
+    thread_name = "turnstile-listen"
+
+    def __init__(self, display: str, log: logging.Logger) -> None:
+        self._display = display  # the store as the log shows it (no secret)
+        self._log = log
+        self._delay = RECONNECT_MIN
+        self._complained = False  # a warning was logged for the outage going on
+        self._registry: dict[str, list[AsyncWakeWaiter]] = {}
+        # key -> (monotonic arrival, payloads after the key) for keys nobody registered yet
+        self._early: dict[str, tuple[float, list[str]]] = {}
+        self._epoch = 0
+        self._lock = threading.Lock()
+        self._ready = _compat.Event()
+        self._tried = _compat.Event()  # the first connection attempt has ended, either way
+        self._stop = _compat.Event()
+        self._handle: _compat.Handle | None = None
+        self.connects = 0  # successful starts of listening so far (tests and diagnostics)
+
+    # -- what a store's subclass gives ---------------------------------------------------
+    async def _session(self) -> None:
+        raise NotImplementedError
+
+    def _split(self, payload: str) -> tuple[str, str]:
+        """A payload's wake key and the rest (the grant, or '' for a plain wake-up)."""
+        key, _, grant = payload.partition(" ")
+        return key, grant
+
+    def _describe(self, exc: BaseException) -> str:
+        return type(exc).__name__
+
+    # -- the rest ----------------------------------------------------------------------------
+    @property
+    def up(self) -> bool:
+        """Whether it listens right now: a hand-over announced now will reach us."""
+        return self._ready.is_set()
+
+    @property
+    def started(self) -> bool:
+        """Whether this client listens (or is trying to)."""
+        return self._handle is not None
+
+    def start(self) -> bool:
+        """Start the listening task/thread if it is not running. True if this call did."""
+        with self._lock:
+            if self._handle is not None or self._stop.is_set():
+                return False
+            self._handle = _compat.spawn(self._run, self.thread_name)
+            return True
+
+    async def wait_first_attempt(self, within: float) -> bool:
+        """Wait until the first connection attempt succeeded or failed; True if up."""
+        await _compat.wait_event(self._tried, within)
+        return self.up
+
+    def mark(self) -> int | None:
+        """Taken before a step that names this client's channel: ``register`` can then tell
+        whether every wake-up sent since was heard and kept (None: not listening now)."""
+        epoch = self._epoch
+        return epoch if self._ready.is_set() else None
+
+    def register(self, key: str, waiter: AsyncWakeWaiter, since: int | None = ARMED_FIRST) -> bool:
+        """Deliver wake-ups to ``waiter`` from now on, and those kept for ``key`` that came
+        before it registered. ``since``: the :meth:`mark` taken before the step the waiter
+        waits on (``ARMED_FIRST``: armed before it). True if a wake-up sent since may be
+        missing (not listening then, or a reconnect or eviction since): re-check."""
+        with self._lock:
+            self._registry.setdefault(key, []).append(waiter)
+            early = self._early.pop(key, None)
+            missed = since != ARMED_FIRST and (
+                since is None or since != self._epoch or not self._ready.is_set()
+            )
+        if early is not None:
+            for grant in early[1]:
+                waiter.deliver(grant)
+        return missed
+
+    def unregister(self, key: str, waiter: AsyncWakeWaiter) -> None:
+        with self._lock:
+            waiters = self._registry.get(key)
+            if waiters is None:
+                return
+            with contextlib.suppress(ValueError):
+                waiters.remove(waiter)
+            if not waiters:
+                del self._registry[key]
+
+    def _dispatch(self, payload: str) -> None:
+        key, grant = self._split(payload)
+        with self._lock:
+            found = self._registry.get(key)
+            if found is None:
+                self._keep(key, grant)
+                return
+            waiters = list(found)
+        for waiter in waiters:
+            waiter.deliver(grant)
+
+    def _keep(self, key: str, grant: str) -> None:
+        """Keep a wake-up for a key nobody has registered (under the lock): the oldest kept
+        ones go first when there are too many or they are too old, and moving the epoch on
+        makes a waiter that stepped before it re-check (see :meth:`register`)."""
+        now = time.monotonic()
+        early = self._early
+        kept = early.get(key)
+        if kept is not None:
+            if len(kept[1]) < 8:
+                kept[1].append(grant)
+            else:
+                self._epoch += 1
+            return
+        while early:
+            oldest = next(iter(early))
+            if len(early) < EARLY_MAX and now - early[oldest][0] <= EARLY_KEEP:
+                break
+            del early[oldest]
+            self._epoch += 1
+        early[key] = (now, [grant])
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            waiters = [w for group in self._registry.values() for w in group]
+        for waiter in waiters:
+            waiter.deliver("")
+
+    def _listening(self) -> None:
+        """Called by :meth:`_session` once it listens: hand-overs announced while it did not
+        were not heard, so every waiter re-checks."""
+        self.connects += 1
+        with self._lock:
+            self._epoch += 1
+            self._ready.set()
+        self._tried.set()
+        self._delay = RECONNECT_MIN
+        if self._complained:
+            self._log.warning("listening connection to %s is back", self._display)
+            self._complained = False
+        self._wake_all()
+
+    def _failed(self, exc: BaseException) -> None:
+        """The listening connection failed (or could not be made): log it, once per outage
+        at warning level, then quietly until it is back."""
+        self._log.log(
+            logging.DEBUG if self._complained else logging.WARNING,
+            "no listening connection to %s (waiters re-check and poll until it is back; "
+            "retrying in %.2f s): %s",
+            self._display,
+            self._delay,
+            self._describe(exc),
+        )
+        self._complained = True
+
+    def _down(self) -> None:
+        """It no longer listens: a hand-over announced from now on may go unheard, so every
+        waiter re-checks (and polls until it listens again)."""
+        self._tried.set()
+        if self._ready.is_set():
+            with self._lock:
+                self._epoch += 1
+                self._ready.clear()
+            self._wake_all()
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self._session()
+            except Exception as exc:
+                if not self._stop.is_set():
+                    self._failed(exc)
+            finally:
+                self._down()
+            if await _compat.wait_event(self._stop, self._delay):
+                return
+            self._delay = min(self._delay * 2, RECONNECT_MAX)
+
+    async def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            handle = self._handle
+        if handle is not None:
+            handle.cancel()  # unasync: async-only
+            await _compat.join(handle)
+        self._wake_all()
+
+
+class AsyncWakeWaiter:
+    """Woken by the payload that hands it the grant, and keeps the grant it carried (see
+    :meth:`handed`); polls with a backoff while there is no working listening connection
+    (``listen=off`` on PostgreSQL, or the connection is down). ``since``: see
+    :meth:`AsyncWakeListener.register` (a lock waiter armed after its step). A store's
+    subclass reads its grants (:meth:`_parse`)."""
+
+    log = logging.getLogger("turnstile")
+
+    def __init__(
+        self,
+        listener: AsyncWakeListener | None,
+        key: str,
+        name: str = "",
+        holder: str = "",
+        since: int | None = ARMED_FIRST,
+    ) -> None:
+        self._listener = listener
+        self._key = key
+        self._name = name
+        self._holder = holder
+        self._event = _compat.Event()
+        self._pause = POLL_MIN
+        # Grants carried by wake-ups, by the waiting entry (seq) they were made for: one made
+        # for an earlier wait of the same (name, holder) must never be taken for this one.
+        self._handed: dict[int, Grant] = {}
+        if listener is not None and listener.register(key, self, since):
+            self._event.set()  # a wake-up since the step may be missing: look again at once
+
+    def _parse(self, grant: str) -> tuple[int, Grant] | None:
+        """The waiting entry a payload's grant was made for, and the grant (None, or
+        ValueError: not a grant)."""
+        raise NotImplementedError
+
+    def deliver(self, grant: str) -> None:
+        """Called by the listener: ``grant`` is the payload after the wake key, or "" for a
+        plain wake-up (re-check)."""
+        if grant:
+            try:
+                found = self._parse(grant)
+            except ValueError:
+                found = None
+            if found is None:
+                self.log.warning("ignoring a malformed wake-up payload %r", grant[:80])
+            else:
+                self._handed[found[0]] = found[1]
+        self._event.set()
+
+    def handed(self, wait_id: int) -> Grant | None:
+        """The grant a wake-up carried for the waiting entry ``wait_id``, if one came."""
+        return self._handed.pop(wait_id, None)
+
+    async def wait(self, timeout: float) -> bool:
+        listener = self._listener
+        if listener is not None and listener.up:
+            self._pause = POLL_MIN
+            woken = await _compat.wait_event(self._event, timeout)
+        else:
+            pause = min(timeout, self._pause)
+            self._pause = min(self._pause * 2, POLL_MAX)
+            woken = await _compat.wait_event(self._event, pause) or pause < timeout
+        self._event.clear()
+        return woken
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.unregister(self._key, self)
+            self._listener = None
+
+
+class WakeMarks:
+    """Notes of steps that put a holder in line, for the waiter it arms next (a lock waiter
+    arms after its step, ``keeps_early_wakeups``): (name, holder) -> (the listener, its
+    :meth:`~AsyncWakeListener.mark` before the step, when that place lapses unless stepped
+    again). A note outlives its place in line only until the next note is taken;
+    MARKS_MAX bounds them anyway. Safe from several threads (dict operations are atomic; a
+    concurrent eviction may fail and is skipped)."""
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[str, str], tuple[AsyncWakeListener, int | None, float]] = {}
+
+    def remember(
+        self, name: str, holder: str, listener: AsyncWakeListener, mark: int | None, keep: float
+    ) -> None:
+        marks = self._marks
+        now = time.monotonic()
+        marks.pop((name, holder), None)
+        marks[(name, holder)] = (listener, mark, now + keep)
+        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+            while True:
+                oldest = next(iter(marks))
+                if len(marks) <= MARKS_MAX and marks[oldest][2] > now:
+                    break
+                del marks[oldest]
+
+    def __len__(self) -> int:
+        return len(self._marks)
+
+    def forget(self, name: str, holder: str) -> None:
+        if self._marks:
+            self._marks.pop((name, holder), None)
+
+    def since(self, name: str, holder: str, listener: AsyncWakeListener) -> int | None:
+        """What the waiter ``holder`` arms with (see :meth:`AsyncWakeListener.register`):
+        the note's mark, None if it was taken with another listener, ``ARMED_FIRST``
+        without a note (armed before its step, as ``Lock.wait`` and the protocol allow)."""
+        note = self._marks.pop((name, holder), None)
+        if note is None:
+            return ARMED_FIRST
+        return note[1] if note[0] is listener else None
