@@ -263,6 +263,42 @@ def test_scripts_run_on_connections_kept_aside(direct: turnstile.Client) -> None
             pass
 
 
+def test_a_refused_lead_ping_leaves_the_connection_in_step(server: RedisProcess) -> None:
+    """A release sends a PING ahead of its script on the same connection (see
+    ``RedisConnection._call``). A user whose ACL refuses PING gets an error reply to it: the
+    script's reply is read all the same, so the release works, and every later step on that
+    connection reads its own reply (no reply left behind for the next caller)."""
+    with server.admin() as admin:
+        admin.execute_command(
+            "ACL", "SETUSER", "noping", "on", ">secret-pw", "~*", "&*", "+@all", "-ping"
+        )
+    url = f"redis://noping:secret-pw@127.0.0.1:{server.port}/0" + PREFIX
+    client = turnstile.connect(url)
+    try:
+        lock = client.lock("no-ping", ttl=30)
+        tokens = []
+        for _ in range(5):
+            lease = lock.acquire(timeout=2)
+            tokens.append(lease.token)
+            assert lease.release() is True
+        assert tokens == sorted(tokens) and len(set(tokens)) == 5
+        held = lock.acquire(timeout=2)
+        handed: list[turnstile.Lease] = []
+        thread = threading.Thread(target=lambda: handed.append(lock.acquire(timeout=10)))
+        thread.start()
+        assert wait_until(lambda: len(lock.status().waiters) == 1, 10)
+        assert held.release() is True
+        thread.join(10)
+        assert handed and handed[0].token > held.token
+        assert handed[0].release() is True
+        assert lock.status().holders == ()
+        with server.admin() as admin:
+            stats = admin.info("errorstats")
+        assert any("NOPERM" in k for k in stats), stats  # the PINGs were refused
+    finally:
+        client.close()
+
+
 def test_many_waiters_of_one_client_share_one_subscriber_connection(
     server: RedisProcess, direct: turnstile.Client
 ) -> None:

@@ -98,6 +98,10 @@ def make_client(
     return Redis.from_url(config.url, retry=retry if retry is not None else _retry(), **options)
 
 
+# The PING a release sends ahead of its script (see AsyncRedisConnection._call), packed once.
+_PING = b"*1\r\n$4\r\nPING\r\n"
+
+
 def _direct_pool(client: Any) -> Any:
     """The pool :meth:`AsyncRedisConnection.run` takes its connections from itself, or None
     (every script then goes through ``client.evalsha``).
@@ -348,7 +352,7 @@ class AsyncRedisConnection:
         try:
             if lead:
                 await conn.send_packed_command(
-                    conn.pack_commands([("PING",), (*command, len(keys), *keys, *args)])
+                    [_PING, *conn.pack_command(*command, len(keys), *keys, *args)]
                 )
                 # PONG. An error here (a connection that lost its authentication) is the
                 # script's too: its reply is read next all the same, so the connection
