@@ -330,7 +330,9 @@ class AsyncRedisConnection:
         the releaser would be written first, and on a busy host its next step would take the
         CPU the woken waiter needs (0.2 ms later at p50 on two cores, where a BLPOP waiter,
         served after the command, is written first). The PING's reply queues this connection
-        first, and the waiter is written first. One command more, no round trip more."""
+        first, and the waiter is written first. One command more, no round trip more. (Not
+        through redis-py's command path, so not in a Cluster, where a PUBLISH reaches the
+        subscriber's node over the cluster bus and this order does not apply.)"""
         if script.library and self.functions:
             command: tuple[str, str] = ("FCALL", script.function)
         else:
@@ -354,9 +356,9 @@ class AsyncRedisConnection:
                 await conn.send_packed_command(
                     [_PING, *conn.pack_command(*command, len(keys), *keys, *args)]
                 )
-                # PONG. An error here (a connection that lost its authentication) is the
-                # script's too: its reply is read next all the same, so the connection
-                # stays in step.
+                # PONG. An error here (an ACL that refuses PING, a connection that lost its
+                # authentication) is not the script's: its reply is read next all the same,
+                # so the connection stays in step.
                 with contextlib.suppress(ResponseError):
                     await conn.read_response()
             else:
