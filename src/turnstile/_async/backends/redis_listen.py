@@ -34,7 +34,6 @@ from .wakeups import (
     LISTEN_PING,
     POLL_MIN,
     RECONNECT_MAX,
-    RECONNECT_MIN,
     AsyncWakeListener,
     AsyncWakeWaiter,
 )
@@ -174,8 +173,7 @@ class AsyncRedisListener(AsyncWakeListener):
         if kind in (b"message", "message") and len(message) == 3:
             self._dispatch(replies.text(message[2]))
         elif kind in (b"subscribe", "subscribe"):
-            self._listening()
-            self._delay = RECONNECT_MIN
+            self._listening()  # (which also resets the reconnect delay)
 
     async def _drop(self) -> None:
         """Close the connection (it failed, or the client closes): no longer listening."""

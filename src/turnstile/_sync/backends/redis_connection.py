@@ -352,19 +352,14 @@ class RedisConnection:
         except IndexError:
             conn = pool.get_connection()
         try:
+            packed = conn.pack_command(*command, len(keys), *keys, *args)
+            conn.send_packed_command([_PING, *packed] if lead else packed)
             if lead:
-                conn.send_packed_command(
-                    [_PING, *conn.pack_command(*command, len(keys), *keys, *args)]
-                )
                 # PONG. An error here (an ACL that refuses PING, a connection that lost its
                 # authentication) is not the script's: its reply is read next all the same,
                 # so the connection stays in step.
                 with contextlib.suppress(ResponseError):
                     conn.read_response()
-            else:
-                conn.send_packed_command(
-                    conn.pack_command(*command, len(keys), *keys, *args)
-                )
             reply = conn.read_response()
         except ResponseError:
             spare.append(conn)  # an error reply, read in full: the connection is in step

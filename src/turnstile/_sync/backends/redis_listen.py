@@ -35,7 +35,6 @@ from .wakeups import (
     LISTEN_PING,
     POLL_MIN,
     RECONNECT_MAX,
-    RECONNECT_MIN,
     WakeListener,
     WakeWaiter,
 )
@@ -172,8 +171,7 @@ class RedisListener(WakeListener):
         if kind in (b"message", "message") and len(message) == 3:
             self._dispatch(replies.text(message[2]))
         elif kind in (b"subscribe", "subscribe"):
-            self._listening()
-            self._delay = RECONNECT_MIN
+            self._listening()  # (which also resets the reconnect delay)
 
     def _drop(self) -> None:
         """Close the connection (it failed, or the client closes): no longer listening."""
