@@ -227,12 +227,12 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             text += (
                 " Both hand over in one round trip after the release: Turnstile's waiter "
                 "holds the grant its wake-up carries, python-redis-lock's then sends a SET "
-                "NX. Turnstile's release script keeps a line, a fencing counter and expiry "
-                "indexes (11 commands inside it, against 3 in python-redis-lock's)"
+                "NX. Turnstile's release keeps a line, leases and a fencing counter (5 "
+                "commands inside its function, against 3 in python-redis-lock's script)"
             )
             steps = results.get("costs", {}).get("steps", {})
-            release = steps.get("release, hands over to the waiter (library)")
-            scripted = steps.get("release, hands over to the waiter (library)" + _AS_SCRIPT)
+            release = steps.get("release, hands over to the waiter")
+            scripted = steps.get("release, hands over to the waiter" + _AS_SCRIPT)
             if release and scripted:
                 text += (
                     f": it ran {fmt(release['p50_us'], 0)} µs on the server (p50, *Server "
@@ -306,8 +306,8 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         if not met_with:
             text += (
                 " The gap is per-webhook overhead on 20 ms of work: two script round trips "
-                "per webhook (most acquires find their order free and take the fast path, "
-                "5 commands each way), and 8 worker processes sharing 2 cores with Redis "
+                "per webhook (most acquires find their order free: 3 commands inside each "
+                "way), and 8 worker processes sharing 2 cores with Redis "
                 "and the rest of the machine; python-redis-lock and pg_advisory_lock stop "
                 "at the same place in the same run."
             )
@@ -331,8 +331,8 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         if not met_bare:
             text += (
                 "Bare, both make two round trips per acquire+release; Turnstile's are "
-                "scripts (5 commands inside each on an idle name's fast path: its record, "
-                "the server clock, the holder index and the fencing counter), redis-py's a "
+                "functions (3 commands inside each on an idle name: its record, the server "
+                "clock, the record written back with the holder and the token), redis-py's a "
                 "SET NX and a 2-command script, and Turnstile's Python side builds a lease "
                 "(holder id, validation, fencing token, local deadline). "
             )
@@ -362,35 +362,22 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"- Redis commands per handover ≤ 12: **{'met' if worst <= 12 else 'missed'}** "
             f"(at most {fmt(worst, 1)} per grant)."
         )
-        if worst > 12:
-            text += (
-                " A grant after waiting is the waiter's join (its script and 7 commands "
-                "inside behind another waiter: the name's record, the server clock, the "
-                "holder index, the line and the waiters' expiry index, the position, the "
-                "record written back) and the holder's release (its script and 11 inside: "
-                "the name's record, the clock, the front of the line and its record, the "
-                "front waiter out of the line and the expiry index, the grant into the "
-                "holder index, the old holder out of it, both records in one HDEL, the "
-                "record written back, and the PUBLISH of the wake-up on the waiting "
-                "client's channel) with a PING sent ahead of it in the same write, so that "
-                "the server writes the woken waiter's message before the releaser's reply "
-                "(docs/redis.md); the waiter sends nothing more. Every index is what "
-                "keeps expired leases and dead waiters from stalling a line whatever its "
-                "length; python-redis-lock (about 10) keeps neither a line nor an expiry "
-                "for waiters. What would meet it, counted: with one sorted set for the line "
-                "and the waiters' liveness (dead waiters dropped when they reach the front "
-                "rather than swept), each waiter's entry carried in its member of the line "
-                "and the holders kept only in the name's record, a join is 4 commands inside "
-                "(the record, the clock, the line, the record written back; the position "
-                "counted in the record) and a release 5 (the record, the clock, the front "
-                "popped with ZPOPMIN, the record written back, the PUBLISH): 11 with the two "
-                "scripts. benchmarks/bench_redis_layout.py measures that layout as a "
-                "prototype (a plain lock: results/redis-layout.md, 11 commands per "
-                "hand-over, hand-overs and uncontended steps at least as fast). Adopting it "
-                "is a new key layout for every feature of the lock machine and an upgrade "
-                "in two releases: this one refuses names a later one marks as moved "
-                "(docs/redis.md), so that one can move them."
-            )
+        text += (
+            " A grant after waiting is the waiter's join (its function and 4 commands inside "
+            "behind another waiter: the name's record, the server clock, the line, the "
+            "record written back; its position is the line's count) and the holder's "
+            "release (its function and 5 inside: the record, the clock, the front of the "
+            "line popped with ZPOPMIN, the PUBLISH of the grant on the waiting client's "
+            "channel, the record written back with the new holder) with a PING sent ahead "
+            "of it in the same write, so that the server writes the woken waiter's message "
+            "before the releaser's reply (docs/redis.md); the waiter sends nothing more. The "
+            "holders live in the name's record and each waiting entry in its member of the "
+            "line, so no index is kept; entries that lapsed are swept by one read of the line "
+            "once a lower bound on their expiries has passed (about once per wait_ttl). A "
+            "waiting entry that may be asked for by holder alone (a ticket's, a named "
+            "holder's) is indexed in the record too: one HDEL more when it is granted. "
+            "python-redis-lock (about 10) keeps neither a line nor an expiry for waiters."
+        )
         lines.append(text)
     if results["missing"]:
         lines += ["", "Left out of this run: " + "; ".join(results["missing"]) + "."]
@@ -399,9 +386,9 @@ def interpretation(results: dict[str, Any]) -> list[str]:
 
 # -- server time per script -------------------------------------------------------------------
 _STEPS = (
-    "acquire, idle name (fast path)",
-    "acquire, joins the line (library)",
-    "release, hands over to the waiter (library)",
+    "acquire, idle name",
+    "acquire, joins the line",
+    "release, hands over to the waiter",
     "release after the hand-over",
 )
 
@@ -460,7 +447,7 @@ def _step_costs(
     thread's DEBUG log says when); A releases, which hands over to B; B releases. Two
     reference scripts measure what every EVALSHA pays before doing anything: ``return 1``,
     and the lock library's helpers made (``_head.lua`` + ``_lib.lua``, which every script
-    that does not finish on a fast path runs first) and nothing done."""
+    runs first) and nothing done."""
     import logging
     import statistics
     import threading
@@ -634,8 +621,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
             "option `functions=off`, and what a server before Redis 7 runs). The reference "
             "rows are what a call costs before it does anything: a script and a function "
             "that return at once, and a script that only makes the lock library's helper "
-            "functions, which every script that does not finish on a fast path makes first "
-            "and a function library makes once, when it is loaded.",
+            "functions, which every script makes first and a function library makes once, "
+            "when it is loaded.",
             "",
             costs_table(costs),
             "",

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""A prototype of a lighter Redis key layout beside Turnstile's and python-redis-lock.
+"""The prototype of Turnstile's Redis key layout 2 beside Turnstile and python-redis-lock.
 
     python benchmarks/bench_redis_layout.py          # full run: results/redis-layout.md
     python benchmarks/bench_redis_layout.py --quick  # tiny sizes, < 60 s, writes nothing (CI)
 
 Issue 13 asks for at most 12 Redis commands per hand-over (those inside scripts included);
-Turnstile's layout sends 21 (benchmarks/results/redis.md). ``turnstile_bench/layout_prototype.py``
-is the layout that results file proposes, for a plain lock only: holders in one field of the
+Turnstile's layout 1 sent 21. ``turnstile_bench/layout_prototype.py`` is the layout measured
+before Turnstile adopted it as layout 2, for a plain lock only: holders in one field of the
 name's hash, the line as one sorted set whose members carry the waiting entries (dead
 waiters dropped when they reach the front), and the grant published on the waiter's own
-channel (as Turnstile now does too). This script measures it, side by side in one
-run with Turnstile as it is (bare ``acquire()`` / ``release()``, like the prototype, which has
-no renewer) and python-redis-lock, before anyone migrates the store to it: commands per
+channel. This script measures it side by side in one run with Turnstile as it is (bare
+``acquire()`` / ``release()``, like the prototype, which has no renewer; layout 2, with
+everything the prototype leaves out) and python-redis-lock: what the rest of the lock
+machine costs on the same layout. Commands per
 grant (``INFO commandstats``), hand-over latency at 2, 8 and 32 waiters, uncontended
 acquire + release (with redis-py's ``Lock`` as the base), and the webhook scenarios.
 
@@ -156,8 +157,8 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"- **Uncontended** acquire + release: prototype {unc[PROTO].ops_per_s:,.0f}/s "
             f"({fmt(unc[PROTO].ops_per_s / base)}x redis-py `Lock`), Turnstile "
             f"{unc[BARE].ops_per_s:,.0f}/s ({fmt(unc[BARE].ops_per_s / base)}x), redis-py "
-            f"{base:,.0f}/s. The prototype's idle-name steps are HMGET, TIME, HSET each; "
-            "Turnstile's fast paths send 5 commands each."
+            f"{base:,.0f}/s. The idle-name steps of both are HMGET, TIME, HSET each "
+            "(Turnstile's release has a PING ahead of it)."
         )
     for group in results["webhooks"]:
         by = {r.label: r for r in group}
@@ -168,24 +169,23 @@ def interpretation(results: dict[str, Any]) -> list[str]:
                 f"python-redis-lock {fmt(by[PRL].vs_bound)}."
             )
     lines.append(
-        "- What the prototype leaves out, and a migration would have to bring: priorities "
-        "(a rank instead of the arrival stamp as the score, and the position then read with "
-        "ZRANK), callback waiters and pending deliveries, semaphore groups, `status()` (the "
-        "line read from the members), large semaphore limits (all holders are rewritten in "
-        "one field on every step: fine for a lock, O(limit) bytes for a semaphore of "
-        "thousands), names in use on the old layout, and the subscription: one more "
-        "connection per client process, re-subscribed after a reconnect (a grant published "
-        "while it was down is found by the waiter's next renewal of its place). In a Cluster "
-        "a PUBLISH is broadcast to every node; SPUBLISH keeps it to the name's shard but "
-        "needs a channel in the name's slot: one per client and slot (a hash tag chosen for "
-        "the slot), subscribed once."
+        "- What the prototype leaves out, and Turnstile's layout 2 has (docs/redis.md): "
+        "priorities (a rank as the score; a join behind a waiter of negative priority "
+        "checks for a rank collision and reads its position with ZRANK), callback waiters "
+        "and pending deliveries, semaphore groups, `status()`, the sweep of lapsed entries "
+        "(one read of the line once a lower bound on their expiries has passed, where the "
+        "prototype drops a dead waiter only when it reaches the front, so positions counted "
+        "it), and an index by holder for the entries that may be asked for by holder alone "
+        "(tickets, named holders: one HDEL more per hand-over). Both rewrite all holders in "
+        "one field on every step: nothing for a lock, work in the limit for a semaphore "
+        "with thousands of holders."
     )
     return lines
 
 
 def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]) -> str:
     command = command_line("bench_redis_layout.py", args.argv)
-    out = ["# A lighter Redis layout for locks: a prototype beside Turnstile", ""]
+    out = ["# Redis layout 2 for locks: its prototype beside Turnstile", ""]
     out += machine_lines(info, command)
     out += [
         f"- Redis: {info.get('redis_server', '?')}"

@@ -119,6 +119,8 @@ class RedisMeter(Meter):
         for c, k in self._keys():
             if k.endswith(b":d") and c.ttl(k) > 0:
                 records += 1  # the name's hash: token counter, expires an hour after use
+            elif k.endswith(b":l") and c.ttl(k) > 0 and c.zrange(k, 0, -1) == [b"~"]:
+                records += 1  # an empty line: its sentinel only, expiring with the hash
             else:
                 live += 1
         return live, records

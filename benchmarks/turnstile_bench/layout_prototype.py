@@ -1,5 +1,6 @@
-"""A prototype of a lighter Redis key layout for Turnstile's locks, measured beside the real
-one (``bench_redis_layout.py``) before anyone migrates the store to it.
+"""The prototype of Turnstile's Redis key layout 2 for locks, measured beside the real one
+(``bench_redis_layout.py``): it was measured first, then adopted with everything below it
+leaves out (docs/redis.md, "Constant work per hand-over").
 
 It is *not* Turnstile: a plain lock or semaphore only (no priorities, no callbacks, no
 semaphore groups, no status), written to count what a hand-over costs when

@@ -353,7 +353,7 @@ class AsyncSemaphore:
         return self.priority if priority is None else validate.priority(priority)
 
     async def _step(
-        self, holder: str, wait_ttl: float, enqueue: bool, priority: int = 0
+        self, holder: str, wait_ttl: float, enqueue: bool, priority: int = 0, private: bool = False
     ) -> tuple[AcquireResult, float]:
         sent = time.monotonic()
         result = await self._backend.acquire(
@@ -367,6 +367,7 @@ class AsyncSemaphore:
             ageing=self.ageing,
             key=self._key,
             per_key=self._per_key,
+            private=private,
         )
         return result, sent
 
@@ -410,6 +411,9 @@ class AsyncSemaphore:
         self, timeout: float | None, holder: str | None, priority: int | None = None
     ) -> AsyncLease:
         timeout = validate.timeout(timeout)
+        # A holder made here is this call's own: nobody else names it, so the store need not
+        # find its waiting entry by holder alone (see Backend.acquire, ``private``).
+        private = holder is None
         holder = timing.default_holder() if holder is None else validate.holder(holder)
         rank = self._priority(priority)
         wait_ttl = timing.blocking_wait_ttl(self.ttl)
@@ -423,7 +427,7 @@ class AsyncSemaphore:
                 waiter = await self._backend.open_waiter(self.name, holder)
             # Inside the try: a step interrupted (cancelled) after the store applied it must
             # not leave a lease or a place in line behind.
-            result, sent = await self._step(holder, wait_ttl, True, rank)
+            result, sent = await self._step(holder, wait_ttl, True, rank, private)
             if result.grant is not None:
                 log_acquire.debug(
                     "acquired %r token %d at once", self.name, result.grant.token
@@ -440,7 +444,7 @@ class AsyncSemaphore:
                     # needs no second look: the first step's answer stands until it wakes.
                     waiter = await self._backend.open_waiter(self.name, holder)
                     if not self._backend.characteristics.keeps_early_wakeups:
-                        result, sent = await self._step(holder, wait_ttl, True, rank)
+                        result, sent = await self._step(holder, wait_ttl, True, rank, private)
                 if result.grant is None:
                     # The store has confirmed our place in line (benchmarks time it, via the
                     # extra field, to check FIFO order without guessing).
@@ -470,7 +474,7 @@ class AsyncSemaphore:
                         log_acquire.debug("handed %r token %d", self.name, lease.token)
                         track.granted(lease.token, woken_with_grant=True)
                         return lease
-                    result, sent = await self._step(holder, wait_ttl, True, rank)
+                    result, sent = await self._step(holder, wait_ttl, True, rank, private)
         except BaseException as exc:
             track.failed(exc)
             await self._leave(holder)

@@ -317,7 +317,7 @@ class Semaphore:
         return self.priority if priority is None else validate.priority(priority)
 
     def _step(
-        self, holder: str, wait_ttl: float, enqueue: bool, priority: int = 0
+        self, holder: str, wait_ttl: float, enqueue: bool, priority: int = 0, private: bool = False
     ) -> tuple[AcquireResult, float]:
         sent = time.monotonic()
         result = self._backend.acquire(
@@ -331,6 +331,7 @@ class Semaphore:
             ageing=self.ageing,
             key=self._key,
             per_key=self._per_key,
+            private=private,
         )
         return result, sent
 
@@ -374,6 +375,9 @@ class Semaphore:
         self, timeout: float | None, holder: str | None, priority: int | None = None
     ) -> Lease:
         timeout = validate.timeout(timeout)
+        # A holder made here is this call's own: nobody else names it, so the store need not
+        # find its waiting entry by holder alone (see Backend.acquire, ``private``).
+        private = holder is None
         holder = timing.default_holder() if holder is None else validate.holder(holder)
         rank = self._priority(priority)
         wait_ttl = timing.blocking_wait_ttl(self.ttl)
@@ -387,7 +391,7 @@ class Semaphore:
                 waiter = self._backend.open_waiter(self.name, holder)
             # Inside the try: a step interrupted (cancelled) after the store applied it must
             # not leave a lease or a place in line behind.
-            result, sent = self._step(holder, wait_ttl, True, rank)
+            result, sent = self._step(holder, wait_ttl, True, rank, private)
             if result.grant is not None:
                 log_acquire.debug(
                     "acquired %r token %d at once", self.name, result.grant.token
@@ -404,7 +408,7 @@ class Semaphore:
                     # needs no second look: the first step's answer stands until it wakes.
                     waiter = self._backend.open_waiter(self.name, holder)
                     if not self._backend.characteristics.keeps_early_wakeups:
-                        result, sent = self._step(holder, wait_ttl, True, rank)
+                        result, sent = self._step(holder, wait_ttl, True, rank, private)
                 if result.grant is None:
                     # The store has confirmed our place in line (benchmarks time it, via the
                     # extra field, to check FIFO order without guessing).
@@ -434,7 +438,7 @@ class Semaphore:
                         log_acquire.debug("handed %r token %d", self.name, lease.token)
                         track.granted(lease.token, woken_with_grant=True)
                         return lease
-                    result, sent = self._step(holder, wait_ttl, True, rank)
+                    result, sent = self._step(holder, wait_ttl, True, rank, private)
         except BaseException as exc:
             track.failed(exc)
             self._leave(holder)

@@ -64,16 +64,13 @@ def test_a_plain_lock_leaves_no_callback_keys_and_a_hand_over_costs_what_it_did(
     claimed = lock.try_acquire(holder="b")
     after = _calls(server)
     assert claimed.acquired
-    # The release script (EVALSHA and the commands inside: HMGET, TIME, ZRANGE of the line,
-    # HMGET of the waiter, ZREM x 2, the PUBLISH of the wake-up, ZADD of the grant, ZREM of
-    # the holder, one HDEL of both records, HSET; "=fast" told it the holder was the only
-    # one, and HX, never empty, keeps an expiry past the grant) and a claiming acquire
-    # (HMGET, TIME, ZRANGE of the holders, ZADD, HSET; a waiter woken with the grant in its
-    # wake-up skips it): none of them a callback's (CW, PD untouched). The release also
-    # sends a PING ahead of its script (RedisConnection._call: a woken waiter is written
-    # first).
-    assert released - before == 1 + 1 + 11
-    assert after - released == 1 + 5
+    # The release script (EVALSHA and the commands inside: HMGET, TIME, ZPOPMIN of the front
+    # of the line, the PUBLISH of the wake-up, HDEL of the waiter's index field (a holder
+    # named by the caller is indexed), HSET) and a claiming acquire (HMGET, TIME, HSET): none
+    # of them a callback's (CW, PD untouched). The release also sends a PING ahead of its
+    # script (RedisConnection._call: a woken waiter is written first).
+    assert released - before == 1 + 1 + 6
+    assert after - released == 1 + 3
     prefix = client.backend.config.prefix
     with server.admin() as admin:
         found = sorted(k.decode() for k in admin.scan_iter(match=f"{prefix}*"))
@@ -141,7 +138,7 @@ def test_keys_share_the_name_slot_and_the_index_goes_when_callbacks_are_gone(
     with server.admin() as admin:
         mine = [k.decode() for k in admin.scan_iter(match=f"{prefix}*")]
         name_keys = [k for k in mine if k.startswith(base)]
-        assert {k[len(base) :] for k in name_keys} >= {"d", "hx", "wx", "wq", "cw", "pd"}
+        assert {k[len(base) :] for k in name_keys} == {"d", "l", "cw", "pd"}
         assert len({key_slot(k.encode()) for k in name_keys}) == 1
         assert all(admin.pttl(k) > 0 for k in mine), mine
         assert admin.zscore(due_key, redis_keys.name_tag("{odd} name")) is not None

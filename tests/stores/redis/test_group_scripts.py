@@ -145,11 +145,21 @@ def test_records_carry_the_key_length_first() -> None:
         try:
             d = admin.hgetall(redis_keys.key_base(prefix, "rec") + "d")
             assert d[b"=pk"] == b"1"
-            assert d[b"h:h"].startswith(f"k{len(odd)} {odd} ".encode())
-            assert d[b"w:w"].startswith("k2 é ".encode())  # bytes, not characters
+            # "=hn": "<bytes>:<holder>" each, "=hr": "<bytes>:<record>" each, in the same
+            # order; a record starts with its key; a waiting entry (a member of the line)
+            # too, after "[i]<bytes>:<holder>".
+            assert d[b"=hn"] == b"1:h"
+            assert d[b"=hr"].split(b":", 1)[1].startswith(f"k{len(odd)} {odd} ".encode())
+            line = admin.zrange(redis_keys.key_base(prefix, "rec") + "l", 0, -1)
+            assert line[0].startswith("i1:wk2 é ".encode())  # bytes, not characters
+            assert admin.zscore(redis_keys.key_base(prefix, "rec") + "l", line[0]) == float(
+                d[b"w:w"]
+            )  # the index field holds the entry's score
             p = admin.hgetall(redis_keys.key_base(prefix, "plain") + "d")
-            assert b"=pk" not in p  # a plain name's records are as before groups
-            assert p[b"h:p"].split(b" ")[0].isdigit() and p[b"w:q"].split(b" ")[0].isdigit()
+            assert b"=pk" not in p  # a plain name's records carry no key
+            assert p[b"=hn"] == b"1:p" and p[b"=hr"].split(b":", 1)[1][:1].isdigit()
+            plain_line = admin.zrange(redis_keys.key_base(prefix, "plain") + "l", 0, -1)
+            assert plain_line[0].startswith(b"i1:q") and plain_line[0][4:5].isdigit()
         finally:
             admin.close()
         status = group.status()

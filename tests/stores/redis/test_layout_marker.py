@@ -1,8 +1,10 @@
-"""A name a later release keeps in another key layout (``=layout`` in the name's hash) is
-refused by every lock step of this release, before it reads or writes anything: such a
-client would find no holder where it looks and grant the name a second time. The refusal is
-a ``ConfigurationError`` that says to upgrade; nothing of the name changes, and other names
-are untouched. (The marker is written here by hand, as the later release would write it.)"""
+"""A name a later release keeps in another key layout (``=layout`` in the name's hash, other
+than this release's "2") is refused by every lock step of this release, before it writes
+anything: such a client would find no holder where it looks and grant the name a second
+time. The refusal is a ``ConfigurationError`` that says to upgrade; nothing of the name
+changes, and other names are untouched. (The marker is written here by hand, as the later
+release would write it.) A name written by a build before layout 2 (its record without the
+marker) is refused alike, with a message that says so."""
 
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def _snapshot(server: RedisProcess, prefix: str) -> dict[bytes, Any]:
 
 def _mark(server: RedisProcess, client: turnstile.Client, name: str) -> None:
     with server.admin() as admin:
-        admin.hset(_record(client, name), "=layout", "2")
+        admin.hset(_record(client, name), "=layout", "3")
 
 
 def _prefix(client: turnstile.Client) -> str:
@@ -73,7 +75,7 @@ def _refused(action: Callable[[], object]) -> str:
     with pytest.raises(turnstile.ConfigurationError) as caught:
         action()
     message = str(caught.value)
-    assert "newer key layout ('2')" in message and "upgrade this client" in message
+    assert "newer key layout ('3')" in message and "upgrade this client" in message
     assert "Traceback" not in message
     return message
 
@@ -104,10 +106,9 @@ def test_every_step_on_a_marked_name_is_refused_and_changes_nothing(
     assert other.release() is True
 
 
-def test_the_fast_paths_refuse_a_marked_name_too(
+def test_an_idle_name_and_its_only_holder_are_refused_too(
     server: RedisProcess, client: turnstile.Client
 ) -> None:
-    # An idle name (the acquire fast path) and a name's only holder (the release fast path).
     lock = client.lock("idle-moved", ttl=30)
     for _ in range(2):
         assert lock.acquire(timeout=1).release() is True
@@ -135,7 +136,22 @@ def test_a_new_name_that_is_marked_is_refused(
     _mark(server, client, "brand-new")
     _refused(lambda: client.lock("brand-new", ttl=30).acquire(timeout=1))
     with server.admin() as admin:
-        assert admin.hgetall(_record(client, "brand-new")) == {b"=layout": b"2"}
+        assert admin.hgetall(_record(client, "brand-new")) == {b"=layout": b"3"}
+
+
+def test_a_name_written_in_the_earlier_layout_is_refused(
+    server: RedisProcess, client: turnstile.Client
+) -> None:
+    """Layout 1 kept holders in an index of their own; its record has "=exp" and no marker."""
+    with server.admin() as admin:
+        admin.hset(_record(client, "old"), mapping={"=name": "old", "=exp": "1", "h:x": "1 1 9 1"})
+    before = _snapshot(server, _prefix(client))
+    with pytest.raises(turnstile.ConfigurationError) as caught:
+        client.lock("old", ttl=30).acquire(timeout=1)
+    message = str(caught.value)
+    assert "earlier key layout ('1')" in message and "expire by themselves" in message
+    assert _snapshot(server, _prefix(client)) == before
+    assert "old" not in client.names()
 
 
 async def test_the_async_flavour_refuses_alike(server: RedisProcess) -> None:
@@ -145,7 +161,7 @@ async def test_the_async_flavour_refuses_alike(server: RedisProcess) -> None:
         await (await lock.acquire(timeout=1)).release()
         base = client.backend._keys.get("moved")[0]  # type: ignore[attr-defined]
         with server.admin() as admin:
-            admin.hset(redis_keys.name_keys(base)[0], "=layout", "2")
+            admin.hset(redis_keys.name_keys(base)[0], "=layout", "3")
         with pytest.raises(turnstile.ConfigurationError, match="upgrade this client"):
             await lock.acquire(timeout=1)
     finally:

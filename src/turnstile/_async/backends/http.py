@@ -646,6 +646,7 @@ class AsyncHTTPBackend:
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         # Cancelled while the request is in flight, the step may still be applied by the
         # service after the caller's clean-up (a release, on another connection) and leave a

@@ -97,6 +97,7 @@ class AsyncMemoryBackend:
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         return self._acquire(
             name, holder, limit, ttl, wait_ttl, enqueue, None, priority, ageing, key, per_key

@@ -154,6 +154,7 @@ class AsyncPostgresBackend:
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         await self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()

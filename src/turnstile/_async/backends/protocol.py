@@ -97,6 +97,7 @@ class AsyncBackend(Protocol):
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         """Hold, join the line, or keep one's place (lock_machine.acquire). Idempotent per
         holder. A new waiting entry is placed by ``priority`` and ``ageing``
@@ -104,7 +105,9 @@ class AsyncBackend(Protocol):
         ``limit`` and the caller asks for ``key`` (lock_machine: no head-of-line blocking).
         Raises ``lock_machine.limit_conflict`` (``group_conflict``) when a newcomer names
         another limit (``per_key``) than the busy name's. Waking the waiters this step
-        granted on others' behalf is part of the operation."""
+        granted on others' behalf is part of the operation. ``private``: ``holder`` is a
+        blocking acquire's own, which no other call names (a store may then keep its
+        waiting entry without an index by holder; see the Redis backend)."""
         ...
 
     async def release(self, name: str, holder: str, token: int | None) -> bool:

@@ -20,6 +20,7 @@ with a client that died in between delays a delivery by that much at most.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -93,12 +94,15 @@ def _acquire_args(
     key: str | None,
     per_key: int | None,
     channel: str = "",
+    entry: str | None = None,
+    index: bool = True,
 ) -> list[int | str]:
     """acquire.lua's ARGV after the key base: ARGV 8 is the callback ("": none), 9 the lead
     of a new waiting entry (ranking.py), 10 and 11 a semaphore group's per_key and key ("":
-    none), 12 the channel a grant to the caller's waiting entry is published on ("": none;
-    10 to 12 are sent only when one of them is given)."""
-    args: list[int | str] = [
+    none), 12 the channel a grant to the caller's waiting entry is published on ("": none),
+    13 the caller's waiting entry as an earlier reply gave it ("": none), 14 whether to index
+    the entry under its holder ("1") or not ("0": the caller gives it back in each step)."""
+    return [
         name,
         holder,
         limit,
@@ -107,18 +111,57 @@ def _acquire_args(
         1 if enqueue else 0,
         callback,
         ranking.lead(priority, ageing),
+        "" if per_key is None else per_key,
+        "" if key is None else key,
+        channel,
+        entry or "",
+        1 if index else 0,
     ]
-    if channel:
-        return [*args, "" if per_key is None else per_key, "" if key is None else key, channel]
-    return [*args, *_group_args(key, per_key)]
 
 
-def _group_args(key: str | None, per_key: int | None) -> tuple[int | str, ...]:
-    """acquire.lua's ARGV 10 and 11 (per_key, key; "" for none), sent only when the caller
-    names either: a plain acquire sends what it sent before groups."""
-    if key is None and per_key is None:
-        return ()
-    return ("" if per_key is None else per_key, "" if key is None else key)
+# The position of the caller's waiting entry in acquire.lua's ARGV after the key base.
+ENTRY_ARG = 11
+
+
+class Entries:
+    """The waiting entries of this client's private holders (a blocking acquire's own,
+    which nobody else asks for): (name, holder) -> (its member in line, when it lapses
+    for sure). The store does not index them under their holder (a hand-over costs one
+    command less), so the client gives the entry back in each step of that holder. A note
+    is dropped when its step learns the entry is gone (granted, or out of line), or once
+    it has lapsed: twice the entry's wait_ttl after its last step, by when the store has
+    dropped it too. A step whose outcome is unknown (its reply lost, or the caller
+    cancelled) leaves :attr:`UNKNOWN` instead: the store then finds the holder's entry by
+    reading the line. Safe from several threads (dict operations are atomic; a concurrent
+    eviction may fail and is skipped)."""
+
+    UNKNOWN = "?"
+
+    def __init__(self) -> None:
+        self._notes: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def get(self, name: str, holder: str) -> str | None:
+        note = self._notes.get((name, holder))
+        return None if note is None else note[0]
+
+    def remember(self, name: str, holder: str, entry: str, wait_ttl: float) -> None:
+        notes = self._notes
+        now = time.monotonic()
+        notes.pop((name, holder), None)
+        notes[(name, holder)] = (entry, now + 2 * wait_ttl)
+        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+            while True:
+                oldest = next(iter(notes))
+                if notes[oldest][1] > now:
+                    break
+                del notes[oldest]
+
+    def forget(self, name: str, holder: str) -> None:
+        if self._notes:
+            self._notes.pop((name, holder), None)
+
+    def __len__(self) -> int:
+        return len(self._notes)
 
 
 class AsyncRedisBackend:
@@ -141,6 +184,7 @@ class AsyncRedisBackend:
         self._index_keys = keys.callback_index_keys(config.prefix)
         # Steps that put a holder in line, for the waiter it arms next (open_waiter).
         self._marks = WakeMarks()
+        self._entries = Entries()
 
     @property
     def listener(self) -> AsyncRedisListener:
@@ -151,10 +195,23 @@ class AsyncRedisBackend:
         """The queue operations on this server (see ``redis_queue.py``)."""
         return self.connection.queues()
 
-    async def _run(self, op: str, name: str, args: list[Any], *, lead: bool = False) -> Any:
+    async def _run(
+        self,
+        op: str,
+        name: str,
+        args: list[Any],
+        *,
+        lead: bool = False,
+        resend: list[Any] | None = None,
+    ) -> Any:
         base, name_keys = self._keys.get(name)
         return await self.connection.run(
-            self._scripts[op], name_keys, [base, *args], op, lead=lead
+            self._scripts[op],
+            name_keys,
+            [base, *args],
+            op,
+            lead=lead,
+            resend=None if resend is None else [base, *resend],
         )
 
     async def _index(self, args: list[Any]) -> Any:
@@ -194,6 +251,7 @@ class AsyncRedisBackend:
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         listener = self.connection.listener
         mark = listener.mark()
@@ -210,11 +268,31 @@ class AsyncRedisBackend:
             key=key,
             per_key=per_key,
             channel=listener.channel,
+            entry=self._entries.get(name, holder),
+            index=not private,
         )
-        reply = await self._run("acquire", name, args)
+        if private:
+            # A step whose reply was lost may have put the holder in line, under an entry
+            # its client never learnt: from then on the store looks for it by holder
+            # (Entries.UNKNOWN), in the resent step and in any later one.
+            resend = [*args]
+            resend[ENTRY_ARG] = Entries.UNKNOWN
+            try:
+                reply = await self._run("acquire", name, args, resend=resend)
+            except BaseException:
+                self._entries.remember(name, holder, Entries.UNKNOWN, wait_ttl)
+                raise
+        else:
+            reply = await self._run("acquire", name, args)
         result = replies.acquire_result(name, holder, limit, reply, per_key)
-        if len(reply) > 8:
-            await self._notify(name, [replies.notify_score(reply) or ""])
+        score = replies.notify_score(reply)
+        if score is not None:
+            await self._notify(name, [score])
+        entry = replies.acquire_entry(reply)
+        if entry is not None and private:
+            self._entries.remember(name, holder, entry, wait_ttl)
+        else:
+            self._entries.forget(name, holder)
         if result.grant is not None:
             self._marks.forget(name, holder)
         elif result.wait_id is not None:
@@ -222,10 +300,16 @@ class AsyncRedisBackend:
         return result
 
     async def release(self, name: str, holder: str, token: int | None) -> bool:
+        entry = ""
         if token is None:
             self._marks.forget(name, holder)  # leaving the line: no waiter to arm
+            entry = self._entries.get(name, holder) or ""
+            self._entries.forget(name, holder)
         reply = await self._run(
-            "release", name, [holder, "" if token is None else str(token)], lead=True
+            "release",
+            name,
+            [holder, "" if token is None else str(token), entry],
+            lead=True,
         )
         if isinstance(reply, list):
             await self._notify(name, [replies.notify_score(reply) or ""])

@@ -94,6 +94,7 @@ class AsyncSQLiteBackend:
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         return await _compat.run_blocking(
             self.store.acquire,

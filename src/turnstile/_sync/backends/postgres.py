@@ -155,6 +155,7 @@ class PostgresBackend:
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         self.connection.check_fork()  # before naming this client's LISTEN channel
         channel = self._wake_channel()

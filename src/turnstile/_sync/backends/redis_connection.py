@@ -240,13 +240,16 @@ class RedisConnection:
         *,
         cancellable: bool = True,
         lead: bool = False,
+        resend: list[Any] | None = None,
     ) -> Any:
         """Run one script: EVALSHA, and on NOSCRIPT (first use, or a restart or failover
         emptied the server's cache) SCRIPT LOAD and EVALSHA again. ``what`` names the
         operation in the error a driver failure becomes. ``cancellable``: a reply that
         arrives after the caller was cancelled counts as interrupted (the lock steps, whose
         callers clean up after a cancelled step). ``lead``: a step that may wake a waiter
-        (see :meth:`_call`)."""
+        (see :meth:`_call`). ``resend``: the arguments to send instead of ``args`` once a
+        send failed with its outcome unknown (a step that is idempotent only when told it
+        may have run already)."""
         cancels = _compat.cancel_count()
         pause = 0.02
         while True:
@@ -270,6 +273,8 @@ class RedisConnection:
                     raise self.unavailable(what, exc) from exc
                 _compat.sleep(pause)
                 pause = min(pause * 2, 0.1)
+                if resend is not None:
+                    args = resend
         if cancellable:
             # redis-py may finish a command although its task was cancelled meanwhile.
             _compat.raise_if_cancelled_since(cancels)

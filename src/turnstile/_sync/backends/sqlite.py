@@ -95,6 +95,7 @@ class SQLiteBackend:
         ageing: float | None = None,
         key: str | None = None,
         per_key: int | None = None,
+        private: bool = False,
     ) -> AcquireResult:
         return _compat.run_blocking(
             self.store.acquire,

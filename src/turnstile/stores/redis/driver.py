@@ -36,6 +36,13 @@ def unavailable(config: RedisConfig, what: str, exc: BaseException) -> Turnstile
     message = safe_message(exc, config)
     if isinstance(exc, ResponseError) and message.startswith(LAYOUT_REFUSAL):
         layout = message[len(LAYOUT_REFUSAL) :].split(":", 1)[0]
+        if "earlier key layout" in message:
+            return ConfigurationError(
+                f"Redis {what} refused on {config.shown}: this name was written by an "
+                f"earlier build of Turnstile in an earlier key layout ({layout!r}) that this "
+                "release does not read (nothing was changed); its keys expire by themselves "
+                "an hour after their last use, or delete the name's keys to use it at once"
+            )
         return ConfigurationError(
             f"Redis {what} refused on {config.shown}: a later release of Turnstile keeps this "
             f"name in a newer key layout ({layout!r}) that this client cannot read; upgrade "

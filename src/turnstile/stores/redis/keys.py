@@ -60,7 +60,7 @@ def key_base(prefix: str, name: str) -> str:
     return f"{prefix}{{{name_tag(name)}}}:"
 
 
-LOCK_KEY_SUFFIXES = ("d", "hx", "wx", "wq", "cw", "pd")
+LOCK_KEY_SUFFIXES = ("d", "l", "cw", "pd")
 
 
 def name_keys(base: str) -> list[str]:

@@ -40,9 +40,20 @@ def _seconds(us: Any) -> float:
 def notify_score(reply: Any) -> str | None:
     """The notification an acquire, release or set_limit reply carries (``NOTIFY`` in
     ``_lib.lua``): the score under which the name goes into the callback index, or None."""
-    if isinstance(reply, list) and len(reply) in (2, 9):
-        return _text(reply[-1])
+    if not isinstance(reply, list):
+        return None
+    if len(reply) == 2:  # release, set_limit: {result, notify}
+        return _text(reply[1])
+    if len(reply) >= 10 and reply[8] not in (b"", ""):  # acquire
+        return _text(reply[8])
     return None
+
+
+def acquire_entry(reply: list[Any]) -> str | None:
+    """The caller's waiting entry an acquire reply names (its member in line, which the
+    caller gives back in its next steps when the entry is not indexed), or None."""
+    entry = reply[9] if len(reply) >= 10 else b""
+    return None if entry in (b"", "") else _text(entry)
 
 
 def acquire_result(

@@ -1,7 +1,7 @@
 -- acquire: one atomic step of model.acquire: hold, join the line, or keep one's place.
 -- Idempotent per holder.
 --
--- KEYS: D HX WX WQ CW PD (see _lib.lua)
+-- KEYS: D L CW PD (see _lib.lua)
 -- ARGV: [1] key base "<prefix>{T}:"  [2] name  [3] holder  [4] limit
 --       [5] ttl_us  [6] wait_ttl_us  [7] enqueue: "1" join the line, "0" take a free slot
 --       only if nobody waits  [8] a callback ("" or absent: none): wait as a callback
@@ -15,19 +15,25 @@
 --       the caller asks for in the group (never empty: validate.group_key)  [12] (optional;
 --       "" or absent: none) the channel of the caller's client, on which a grant to this
 --       waiting entry is published (wake() in _lib.lua); a waiter asking again names it anew
+--       [13] (optional; "" or absent: none) the caller's waiting entry as an earlier reply
+--       gave it ("entry" below): how a caller whose entry is not indexed is found in line
+--       [14] (optional, default "1") "1": index the caller's waiting entry under its holder
+--       ("w:"..holder in D), so that a step naming the holder alone finds it; "0": the
+--       caller gives its entry back in every step (a blocking acquire's own holder)
 -- Returns {granted, token, acquired_us, expires_us, now_us, position, retry_after_us,
---          wait_id [, notify]}:
+--          wait_id, notify, entry}:
 --   granted = 1: token (a decimal string), acquired_us and expires_us describe the lease;
 --   granted = 0: position in line (0 = next) or -1 when not in line, and retry_after_us
 --   until the earliest lease expires or -1 without holders; wait_id (a decimal string, ""
 --   when not in line): the caller's waiting entry (its arrival stamp), which the wake-up
---   carrying its grant names (wake() in _lib.lua);
+--   carrying its grant names (wake() in _lib.lua); entry: that entry's member in line
+--   (for ARGV 13), "" when not in line;
 --   granted = 2: refused, the name is busy under another limit or per_key, given in place
 --   of position and retry_after_us (-1: not a group): a newcomer naming another shape; see
 --   lock_machine.limit_conflict and group_conflict;
---   notify (present only when set): the score under which the client must add the name to
---   the index of names with callbacks (index.lua), see NOTIFY in _lib.lua. Always present
---   for a callback ask.
+--   notify ("" for none): the score under which the client must add the name to the index
+--   of names with callbacks (index.lua), see NOTIFY in _lib.lua. Always set for a callback
+--   ask.
 -- Error "TURNSTILE name-collision" if the keys belong to another name (a hash collision).
 
 local name, holder = ARGV[2], ARGV[3]
@@ -41,6 +47,8 @@ local key = ARGV[11]
 if key == '' then key = nil end
 local channel = ARGV[12]
 if channel == '' or callback then channel = nil end -- a callback waiter is never woken
+local given = ARGV[13] or ''
+local index = ARGV[14] ~= '0' or callback ~= nil
 
 load(holder)
 if S.name and S.name ~= name then
@@ -51,25 +59,29 @@ if callback then
   NOTIFY = true -- the deliverer learns of the name, and reschedules it, at once
 end
 purge(holder)
+local waiting = find_waiting(holder, given)
 -- model.acquire: a busy name keeps its limit and per_key; a newcomer naming another shape
 -- is refused (nothing written but the purge); an idle name takes the caller's.
 if busy() and S.limit then
   if S.limit ~= limit or S.pk ~= per_key then
-    if not (S.mine or S.waiting) then return {2, '', 0, 0, NOW, S.limit, S.pk or -1, ''} end
+    if not (S.mine or waiting) then
+      finish_purge()
+      return {2, '', 0, 0, NOW, S.limit, S.pk or -1, '', '', ''}
+    end
     limit = S.limit
   end
 else
   if S.limit ~= limit then pending['=limit'] = fmt(limit) end
   if S.pk ~= per_key then
     -- Only a name that was (or becomes) a group pays for this.
-    if per_key then pending['=pk'] = fmt(per_key) else drop_fields('', {'=pk'}) end
+    if per_key then pending['=pk'] = fmt(per_key) else drop_fields({'=pk'}) end
     S.pk = per_key
   end
 end
 if not S.name then pending['=name'] = name end
 local free, granted = promote(limit, nil) -- expiries may free slots
 
-local mine = granted[holder] or (S.mine and parse_holder(S.mine))
+local mine = granted[holder] or S.mine
 if mine then
   local changed = false
   if not mine.claimed then
@@ -84,21 +96,20 @@ if mine then
     put_pending(holder, mine)
     changed = true
   end
-  if changed then put_holders({{holder, mine}}) end
+  if changed then put_holder(holder, mine) end
   finish()
-  return grant_reply(mine)
+  return acquire_reply(1, mine)
 end
 
-local wait_id = ''
-local alone = false
-if S.waiting then
+local wait_id, entry, position = '', '', -1
+if waiting then
   -- Keep our place (a waiter is never behind free slots: promote left free = 0, or in a
   -- group no free slot its key could take).
-  local w = parse_waiter(S.waiting)
-  w.ttl, w.wait_ttl, w.expires = ttl, wait_ttl, NOW + wait_ttl
-  if callback then w.cb = callback end
+  local w = {holder = holder, ttl = ttl, wait_ttl = wait_ttl, joined = waiting.joined,
+             expires = NOW + wait_ttl, key = waiting.key, cb = callback or waiting.cb,
+             ix = waiting.ix or index}
   w.ch = not w.cb and channel or nil -- the client that asked last is woken
-  put_waiter(holder, w)
+  position, entry = keep_place(waiting, w)
   wait_id = fmt(w.joined)
 elseif free > 0 and (not S.pk or key_has_room(key)) then
   -- A slot is free and the line empty: joining and being promoted at once, in one go.
@@ -110,29 +121,15 @@ elseif free > 0 and (not S.pk or key_has_room(key)) then
     h.cb, h.pending, h.cu, h.attempts = callback, true, 0, 0
     put_pending(holder, h)
   end
-  put_holders({{holder, h}})
-  -- promote() left the line empty (free > 0) and limit - free holders: if none, ours is the
-  -- only one now (the fast release's case).
-  if free == limit and NO_WAITERS then FAST = '1' end
+  put_holder(holder, h)
   finish()
-  return grant_reply(h)
+  return acquire_reply(1, h)
 elseif enqueue then
-  alone = NO_WAITERS -- the line is empty: this waiter is next
-  local stamp = join(holder, lead)
-  put_waiter(holder, {ttl = ttl, wait_ttl = wait_ttl, joined = stamp, expires = NOW + wait_ttl,
-                      cb = callback, key = key, ch = channel})
-  wait_id = fmt(stamp)
-end
-
-local position = -1
-if alone then
-  position = 0
-elseif S.waiting or enqueue then
-  position = redis.call('ZRANK', WQ, holder) or -1
-  -- Someone is ahead: WQ, and WX where every waiter in line has its entry, were not made by
-  -- this step (see ALL in _lib.lua).
-  if position > 0 then made[WQ], made[WX] = nil, nil end
+  position, entry = join({holder = holder, ttl = ttl, wait_ttl = wait_ttl,
+                          expires = NOW + wait_ttl, cb = callback, key = key, ch = channel,
+                          ix = index}, lead)
+  wait_id = fmt(S.seq)
 end
 local retry = retry_after()
 finish()
-return noted({0, '', 0, 0, NOW, position, retry, wait_id})
+return acquire_reply(0, nil, position, retry, wait_id, entry)

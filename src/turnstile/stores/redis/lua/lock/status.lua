@@ -1,6 +1,6 @@
 -- status: read-only snapshot of one name at the server's clock (model.status).
 --
--- KEYS: D HX WX WQ CW PD (see _lib.lua)
+-- KEYS: D L CW PD (see _lib.lua)
 -- ARGV: [1] key base
 -- Returns {now_us, limit or "", holders, waiters, per_key or ""} where holders is a flat list
 -- {holder, token, acquired_us, expires_us, callback kind, delivery, has_key, key, ...} of
@@ -11,35 +11,30 @@
 -- 0 and "". limit (and per_key, "" unless the name is a semaphore group) is "" when the
 -- name has no live holder or waiter.
 
-local meta = redis.call('HMGET', D, '=limit', '=pk', '=layout')
-refuse_layout(meta[3])
+local meta = redis.call('HMGET', D, '=limit', '=pk', '=layout', '=exp', '=hn', '=hr', '=n')
+refuse_layout(meta[3], meta[4])
+parse_holders(meta[5], meta[6])
 local holders = {}
-local live = redis.call('ZRANGEBYSCORE', HX, '(' .. fmt(NOW), '+inf')
-unpack_chunks(live, function(c)
-  local recs = redis.call('HMGET', D, unpack(prefixed('h:', c)))
-  for i, holder in ipairs(c) do
-    if recs[i] then
-      local h = parse_holder(recs[i])
-      table.insert(holders, holder)
-      table.insert(holders, h.token)
-      table.insert(holders, h.acquired)
-      table.insert(holders, h.expires)
-      table.insert(holders, callback_kind(h.cb))
-      table.insert(holders, h.cb and (h.pending and '1' or '0') or '')
-      table.insert(holders, h.key and 1 or 0)
-      table.insert(holders, h.key or '')
-    end
+for _, holder in ipairs(HORDER) do
+  local h = H[holder]
+  if h.expires > NOW then
+    table.insert(holders, holder)
+    table.insert(holders, h.token)
+    table.insert(holders, h.acquired)
+    table.insert(holders, h.expires)
+    table.insert(holders, callback_kind(h.cb))
+    table.insert(holders, h.cb and (h.pending and '1' or '0') or '')
+    table.insert(holders, h.key and 1 or 0)
+    table.insert(holders, h.key or '')
   end
-end)
+end
 local waiters = {}
-local line = redis.call('ZRANGE', WQ, 0, -1)
-unpack_chunks(line, function(c)
-  local recs = redis.call('HMGET', D, unpack(prefixed('w:', c)))
-  for i, holder in ipairs(c) do
-    if recs[i] then
-      local w = parse_waiter(recs[i])
+if tonumber(meta[7] or '0') > 0 then
+  for _, m in ipairs(redis.call('ZRANGE', L, 0, -1)) do
+    if m ~= SENTINEL then
+      local w = parse_member(m)
       if w.expires > NOW then
-        table.insert(waiters, holder)
+        table.insert(waiters, w.holder)
         table.insert(waiters, w.joined)
         table.insert(waiters, w.expires)
         table.insert(waiters, callback_kind(w.cb))
@@ -48,7 +43,7 @@ unpack_chunks(line, function(c)
       end
     end
   end
-end)
+end
 local limit, per_key = '', ''
 if #holders > 0 or #waiters > 0 then
   limit, per_key = meta[1] or '1', meta[2] or ''

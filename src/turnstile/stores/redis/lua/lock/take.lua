@@ -3,7 +3,7 @@
 -- pending deliveries of callback waiters), then claim up to max_count pending deliveries
 -- nobody holds a claim on, for lease_us, oldest grant first.
 --
--- KEYS: D HX WX WQ CW PD (see _lib.lua)
+-- KEYS: D L CW PD (see _lib.lua)
 -- ARGV: [1] key base  [2] lease_us  [3] max_count  [4] recheck_us
 -- Returns {now_us, next_us, name, limit, deliveries}: next_us is when the name next needs a
 -- take (the earliest of a pending delivery's claim running out, a lease or callback
@@ -17,35 +17,31 @@ load('')
 if not S.name then return {NOW, -1, '', 0, {}} end
 purge('')
 local limit = S.limit or 1
-if S.limit and not NO_WAITERS then promote(S.limit, nil) end
+if S.limit and N > 0 then promote(S.limit, nil) end
 
 local taken = {}
 if S.cb and max_count > 0 then
   local due = redis.call('ZRANGEBYSCORE', PD, '-inf', fmt(NOW))
-  local rows = {}
-  unpack_chunks(due, function(c)
-    local recs = redis.call('HMGET', D, unpack(fields('h:', c)))
-    for i, holder in ipairs(c) do
-      -- A grant made by this very step is still in `pending`, not yet in D.
-      local rec = pending['h:' .. holder] or recs[i]
-      local h = rec and parse_holder(rec)
-      if h and h.pending then
-        table.insert(rows, {holder, h})
-      else
-        redis.call('ZREM', PD, holder) -- settled or gone: a stale entry
-      end
+  local rows, stale = {}, {}
+  for _, holder in ipairs(due) do
+    local h = H[holder]
+    if h and h.pending then
+      table.insert(rows, {holder, h})
+    else
+      table.insert(stale, holder) -- settled or gone: a stale entry
     end
-  end)
+  end
+  unpack_chunks(stale, function(c) redis.call('ZREM', PD, unpack(c)) end)
   table.sort(rows, function(a, b) return tonumber(a[2].token) < tonumber(b[2].token) end)
   local z = {}
   for i = 1, math.min(max_count, #rows) do
     local holder, h = rows[i][1], rows[i][2]
     h.cu = NOW + lease
     h.attempts = h.attempts + 1
-    pending['h:' .. holder] = pack_holder(h)
+    put_holder(holder, h)
     table.insert(z, fmt(h.cu))
     table.insert(z, holder)
-    wrote(h.expires, PD)
+    cbkeys[PD] = true
     for _, v in ipairs({holder, h.token, h.acquired, h.expires, h.cb, h.attempts}) do
       table.insert(taken, v)
     end
@@ -56,16 +52,14 @@ end
 local next_us = -1
 local first_cw, first_pd = first_score(CW), first_score(PD)
 if first_cw == nil and first_pd == nil then
-  if S.cb then
-    redis.call('HDEL', D, '=cb')
-    pending['=cb'] = nil
-  end
+  if S.cb then drop_fields({'=cb'}) end
 else
   mark_callbacks()
   next_us = NOW + recheck
-  local first_hx = first_score(HX)
-  for _, at in ipairs({first_cw, first_pd, first_hx}) do
-    if at ~= nil and at < next_us then next_us = at end
+  local first_h = retry_after()
+  first_h = first_h >= 0 and NOW + first_h or nil
+  for _, at in pairs({first_cw or false, first_pd or false, first_h or false}) do
+    if at and at < next_us then next_us = at end
   end
 end
 finish()
