@@ -335,7 +335,9 @@ class RedisConnection:
         the releaser would be written first, and on a busy host its next step would take the
         CPU the woken waiter needs (0.2 ms later at p50 on two cores, where a BLPOP waiter,
         served after the command, is written first). The PING's reply queues this connection
-        first, and the waiter is written first. One command more, no round trip more. (Not
+        first, and the waiter is written first. One command more, no round trip more; both
+        go in one ``sendall`` (one segment, read by the server in one go: two could arrive
+        in two reads, the PING answered before the script came). (Not
         through redis-py's command path, so not in a Cluster, where a PUBLISH reaches the
         subscriber's node over the cluster bus and this order does not apply.)"""
         if script.library and self.functions:
@@ -358,7 +360,7 @@ class RedisConnection:
             conn = pool.get_connection()
         try:
             packed = conn.pack_command(*command, len(keys), *keys, *args)
-            conn.send_packed_command([_PING, *packed] if lead else packed)
+            conn.send_packed_command([b"".join([_PING, *packed])] if lead else packed)
             if lead:
                 # PONG. An error here (an ACL that refuses PING, a connection that lost its
                 # authentication) is not the script's: its reply is read next all the same,
