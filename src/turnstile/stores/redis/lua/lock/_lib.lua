@@ -68,7 +68,7 @@ local NOW
 -- State read at the start of an operation (one HMGET), written back by finish().
 local S
 local H          -- holders: holder -> record (parse_holder())
-local HORDER     -- holders in "=hn" order, then as added (a removed one stays, nil in H)
+local HORDER     -- the holders in H, in "=hn" order, then as added
 local HDIRTY     -- H changed: "=hn" and "=hr" are written back
 local N          -- entries in L (the sentinel not counted)
 local WDUE       -- a lower bound on the expiry of every entry in L (meaningful while N > 0)
@@ -160,15 +160,11 @@ end
 
 -- H as "=hn" and "=hr".
 local function pack_holders()
-  local names, records, seen = {}, {}, {}
+  local names, records = {}, {}
   for _, holder in ipairs(HORDER) do
-    local h = H[holder]
-    if h and not seen[holder] then
-      seen[holder] = true
-      local rec = pack_holder(h)
-      table.insert(names, #holder .. ':' .. holder)
-      table.insert(records, #rec .. ':' .. rec)
-    end
+    local rec = pack_holder(H[holder])
+    table.insert(names, #holder .. ':' .. holder)
+    table.insert(records, #rec .. ':' .. rec)
   end
   return table.concat(names), table.concat(records)
 end
@@ -260,17 +256,21 @@ local function put_pending(holder, h)
 end
 
 local function drop_holder(holder)
-  H[holder] = nil
+  if H[holder] then
+    H[holder] = nil
+    for i, h in ipairs(HORDER) do
+      if h == holder then
+        table.remove(HORDER, i)
+        break
+      end
+    end
+  end
   HDIRTY = true
   if S.cb then redis.call('ZREM', PD, holder) end
 end
 
 local function held()
-  local n = 0
-  for _, holder in ipairs(HORDER) do
-    if H[holder] then n = n + 1 end
-  end
-  return n
+  return #HORDER
 end
 
 -- Entries leave L (ZREM by the caller, or popped): their index fields and CW entries go.
@@ -311,15 +311,17 @@ end
 -- model.purge: drop expired leases (read with the record) and, when one may have expired,
 -- expired waiting entries.
 local function purge(holder)
-  local gone = {}
+  local gone, live = {}, {}
   for _, h in ipairs(HORDER) do
-    local rec = H[h]
-    if rec and rec.expires <= NOW then
+    if H[h].expires <= NOW then
       H[h] = nil
       HDIRTY = true
       table.insert(gone, h)
+    else
+      table.insert(live, h)
     end
   end
+  HORDER = live
   if S.cb and #gone > 0 then
     unpack_chunks(gone, function(c) redis.call('ZREM', PD, unpack(c)) end)
   end
@@ -334,9 +336,9 @@ end
 
 -- The caller's waiting entry in L, or nil: by its index field (its score: one
 -- ZRANGEBYSCORE), else by the entry its client gave back (`given`, "" for none: one
--- ZSCORE); with its score. No command for a newcomer's first step. `given` "?": a step of this holder may have
--- run with its reply lost, so its entry, if any, is looked for in the whole line (O(line),
--- only after a failure).
+-- ZSCORE); with its score. No command for a newcomer's first step. `given` "?": a step of
+-- this holder may have run with its reply lost, so its entry, if any, is looked for in the
+-- whole line (O(line), only after a failure).
 local function find_waiting(holder, given)
   if given == '?' and not S.indexed then
     local line = redis.call('ZRANGE', L, 0, -1, 'WITHSCORES')
@@ -424,11 +426,8 @@ end
 local function key_counts()
   local counts = {}
   for _, holder in ipairs(HORDER) do
-    local h = H[holder]
-    if h then
-      local k = h.key or false
-      counts[k] = (counts[k] or 0) + 1
-    end
+    local k = H[holder].key or false
+    counts[k] = (counts[k] or 0) + 1
   end
   return counts
 end
@@ -585,8 +584,8 @@ end
 local function retry_after()
   local first = false
   for _, holder in ipairs(HORDER) do
-    local h = H[holder]
-    if h and (not first or h.expires < first) then first = h.expires end
+    local expires = H[holder].expires
+    if not first or expires < first then first = expires end
   end
   if not first then return -1 end
   return math.max(0, first - NOW)
