@@ -14,9 +14,12 @@ import contextlib
 import logging
 import threading
 import time
+from typing import Generic, TypeVar
 
 from ..._core.records import Grant
 from .. import _compat
+
+T = TypeVar("T")
 
 # The sync listening thread looks at its stop flag this often (the async task is cancelled).
 LISTEN_TICK = 0.25
@@ -308,43 +311,70 @@ class AsyncWakeWaiter:
             self._listener = None
 
 
-class WakeMarks:
-    """Notes of steps that put a holder in line, for the waiter it arms next (a lock waiter
-    arms after its step, ``keeps_early_wakeups``): (name, holder) -> (the listener, its
-    :meth:`~AsyncWakeListener.mark` before the step, when that place lapses unless stepped
-    again). A note outlives its place in line only until the next note is taken;
-    MARKS_MAX bounds them anyway. Safe from several threads (dict operations are atomic; a
+class Notes(Generic[T]):
+    """Notes per (name, holder) that lapse: each is kept ``keep`` seconds from when it was
+    taken (a new note for the same pair replaces it), and the oldest notes are dropped, as
+    new ones come, once they have lapsed or while more than ``most`` are kept (``None``: no
+    bound but the lapse). Safe from several threads (dict operations are atomic; a
     concurrent eviction may fail and is skipped)."""
 
+    def __init__(self, most: int | None = None) -> None:
+        self._notes: dict[tuple[str, str], tuple[T, float]] = {}
+        self._most = most
+
+    def put(self, name: str, holder: str, value: T, keep: float) -> None:
+        notes = self._notes
+        now = time.monotonic()
+        notes.pop((name, holder), None)
+        notes[(name, holder)] = (value, now + keep)
+        most = len(notes) if self._most is None else self._most
+        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+            while True:
+                oldest = next(iter(notes))
+                if len(notes) <= most and notes[oldest][1] > now:
+                    break
+                del notes[oldest]
+
+    def get(self, name: str, holder: str) -> T | None:
+        note = self._notes.get((name, holder))
+        return None if note is None else note[0]
+
+    def pop(self, name: str, holder: str) -> T | None:
+        if not self._notes:
+            return None
+        note = self._notes.pop((name, holder), None)
+        return None if note is None else note[0]
+
+    def __len__(self) -> int:
+        return len(self._notes)
+
+
+class WakeMarks:
+    """Notes of steps that put a holder in line, for the waiter it arms next (a lock waiter
+    arms after its step, ``keeps_early_wakeups``): (name, holder) -> the listener and its
+    :meth:`~AsyncWakeListener.mark` before the step, kept until that place lapses unless
+    stepped again. A note outlives its place in line only until the next note is taken;
+    MARKS_MAX bounds them anyway."""
+
     def __init__(self) -> None:
-        self._marks: dict[tuple[str, str], tuple[AsyncWakeListener, int | None, float]] = {}
+        self._marks: Notes[tuple[AsyncWakeListener, int | None]] = Notes(MARKS_MAX)
 
     def remember(
         self, name: str, holder: str, listener: AsyncWakeListener, mark: int | None, keep: float
     ) -> None:
-        marks = self._marks
-        now = time.monotonic()
-        marks.pop((name, holder), None)
-        marks[(name, holder)] = (listener, mark, now + keep)
-        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
-            while True:
-                oldest = next(iter(marks))
-                if len(marks) <= MARKS_MAX and marks[oldest][2] > now:
-                    break
-                del marks[oldest]
+        self._marks.put(name, holder, (listener, mark), keep)
 
     def __len__(self) -> int:
         return len(self._marks)
 
     def forget(self, name: str, holder: str) -> None:
-        if self._marks:
-            self._marks.pop((name, holder), None)
+        self._marks.pop(name, holder)
 
     def since(self, name: str, holder: str, listener: AsyncWakeListener) -> int | None:
         """What the waiter ``holder`` arms with (see :meth:`AsyncWakeListener.register`):
         the note's mark, None if it was taken with another listener, ``ARMED_FIRST``
         without a note (armed before its step, as ``Lock.wait`` and the protocol allow)."""
-        note = self._marks.pop((name, holder), None)
+        note = self._marks.pop(name, holder)
         if note is None:
             return ARMED_FIRST
         return note[1] if note[0] is listener else None

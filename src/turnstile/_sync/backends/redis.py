@@ -21,7 +21,6 @@ with a client that died in between delays a delivery by that much at most.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -46,7 +45,7 @@ from ...stores.redis import keys, replies, scripts
 from ...stores.redis.driver import DRIVER_ERRORS, connect_error
 from .redis_connection import RedisConnection
 from .redis_listen import RedisListener, RedisWaiter
-from .wakeups import WakeMarks
+from .wakeups import Notes, WakeMarks
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
@@ -126,40 +125,28 @@ ENTRY_ARG = 11
 
 class Entries:
     """The waiting entries of this client's private holders (a blocking acquire's own,
-    which nobody else asks for): (name, holder) -> (its member in line, when it lapses
-    for sure). The store does not index them under their holder (a hand-over costs one
-    command less), so the client gives the entry back in each step of that holder. A note
-    is dropped when its step learns the entry is gone (granted, or out of line), or once
-    it has lapsed: twice the entry's wait_ttl after its last step, by when the store has
-    dropped it too. A step whose outcome is unknown (its reply lost, or the caller
-    cancelled) leaves :attr:`UNKNOWN` instead: the store then finds the holder's entry by
-    reading the line. Safe from several threads (dict operations are atomic; a concurrent
-    eviction may fail and is skipped)."""
+    which nobody else asks for): (name, holder) -> its member in line. The store does not
+    index them under their holder (a hand-over costs one command less), so the client gives
+    the entry back in each step of that holder. A note is dropped when its step learns the
+    entry is gone (granted, or out of line), or once it has lapsed: twice the entry's
+    wait_ttl after its last step, by when the store has dropped it too (never sooner, so no
+    count bound: a note dropped early would have the holder join a second time). A step
+    whose outcome is unknown (its reply lost, or the caller cancelled) leaves
+    :attr:`UNKNOWN` instead: the store then finds the holder's entry by reading the line."""
 
     UNKNOWN = "?"
 
     def __init__(self) -> None:
-        self._notes: dict[tuple[str, str], tuple[str, float]] = {}
+        self._notes: Notes[str] = Notes()
 
     def get(self, name: str, holder: str) -> str | None:
-        note = self._notes.get((name, holder))
-        return None if note is None else note[0]
+        return self._notes.get(name, holder)
 
     def remember(self, name: str, holder: str, entry: str, wait_ttl: float) -> None:
-        notes = self._notes
-        now = time.monotonic()
-        notes.pop((name, holder), None)
-        notes[(name, holder)] = (entry, now + 2 * wait_ttl)
-        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
-            while True:
-                oldest = next(iter(notes))
-                if notes[oldest][1] > now:
-                    break
-                del notes[oldest]
+        self._notes.put(name, holder, entry, 2 * wait_ttl)
 
     def forget(self, name: str, holder: str) -> None:
-        if self._notes:
-            self._notes.pop((name, holder), None)
+        self._notes.pop(name, holder)
 
     def __len__(self) -> int:
         return len(self._notes)

@@ -9,16 +9,14 @@ the name (names may hold ``{``, ``}`` and anything else, so the name itself is n
 a key, only stored as data), so a name lives in one Redis Cluster slot::
 
     <prefix>{T}:d    hash  the name, limit, last fencing token, newest arrival stamp, a
-                           semaphore group's per-key limit ("=pk"), and one field per holder
-                           (h:<holder>) and per waiter (w:<holder>); a group's holder and
-                           waiter records start with their key, "k<bytes> <key> "; and what
-                           steps learnt, for later steps to skip commands: how far the keys'
-                           expiry reaches ("=exp", "=all"), and facts stamped with the token
-                           counter and arrival stamp ("=fast", "=due"), void once either
-                           moves (see lua/lock/_lib.lua)
-    <prefix>{T}:hx   zset  holders by lease expiry
-    <prefix>{T}:wx   zset  waiters by waiting-entry expiry
-    <prefix>{T}:wq   zset  waiters in line order (by rank: priority, then arrival)
+                           semaphore group's per-key limit ("=pk"), the key layout
+                           ("=layout" 2), every holder ("=hn" names, "=hr" records), the
+                           line's count ("=n") and a lower bound on its entries' expiries
+                           ("=wdue"), how far the keys' expiry reaches ("=exp"), and
+                           w:<holder> = the score of an indexed waiting entry (see
+                           lua/lock/_lib.lua)
+    <prefix>{T}:l    zset  the line: one member per waiting entry (the entry itself), by rank
+                           (priority, then arrival); a sentinel "~" scored +inf
     <prefix>{T}:cw   zset  callback waiters by waiting-entry expiry (only while D has "=cb")
     <prefix>{T}:pd   zset  holders whose callback delivery is pending, by the deliverer's
                            claim on it (0: unclaimed; only while D has "=cb")
