@@ -63,6 +63,9 @@ UNPREPARED = "turnstile postgres, prepare=off"
 RELAXED_UNPREPARED = "turnstile postgres, durability=relaxed, prepare=off"
 RELAXED_NAIVE = "naive row, synchronous_commit=off"
 NO_HINT = "turnstile postgres, acquire_fast every time"
+STRICT = "turnstile postgres, durability=strict"
+NAIVE = "naive row (1 s poll)"
+UNFLUSHED_NAIVE = "naive row, release without waiting for the disk"
 # Issue 13.3: the opt-in fast mode for locks (synchronous_commit off per lock transaction).
 TARGET_RELAXED_VS_ADVISORY = 0.6
 TARGET_RELAXED_VS_BOUND = 0.9
@@ -112,6 +115,25 @@ def uncontended_contenders(url: str, schema: str) -> list[Contender]:
     turnstile_url = f"{url}{sep}schema={schema}&prepare=off"
     probe = TransactionCounter(url)
     return [
+        Contender(
+            STRICT,
+            functools.partial(TurnstileLock, f"{url}{sep}schema={schema}&durability=strict"),
+            "`with lock.acquire():` on a URL with `durability=strict`: every release waits "
+            "for the disk too, as the naive row's does (the default lets a release that "
+            "grants nobody commit without waiting: docs/postgres.md, Durability); "
+            "uncontended only",
+            probe,
+        ),
+        Contender(
+            UNFLUSHED_NAIVE,
+            functools.partial(
+                NaiveRowLock, url, schema, poll=1.0, timeout=120.0, release_unflushed=True
+            ),
+            "the naive row whose release (the DELETE) commits with `synchronous_commit = "
+            "off`, its acquire durable: the naive row with the durability of Turnstile's "
+            "default; uncontended only",
+            probe,
+        ),
         Contender(
             UNPREPARED,
             functools.partial(TurnstileLock, turnstile_url),
@@ -353,10 +375,25 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             else ""
         )
         + f", pg_advisory_lock {fmt(b.ops_per_s)}/s, naive row "
-        f"{fmt(unc['naive row (1 s poll)'].ops_per_s)}/s. An advisory lock writes nothing: "
-        "no WAL, no commit to flush. Each Turnstile acquire and release is a committed, "
-        "durable transaction, so it pays a WAL flush per call with `synchronous_commit = "
-        "on`, as the naive row does. On an idle name each is one UPDATE of the name's row "
+        f"{fmt(unc[NAIVE].ops_per_s)}/s. An advisory lock writes nothing: "
+        "no WAL, no commit to flush. Each Turnstile acquire and release is a committed "
+        "transaction. The acquire waits for its WAL flush (`synchronous_commit = on`), as "
+        "the naive row's INSERT does; the release of a name nobody waits for grants nobody, "
+        "so by default it commits without waiting for the disk (a crash can forget it only "
+        "by leaving the name held until that lease runs out: docs/postgres.md, Durability)"
+        + (
+            f"; with `durability=strict` every release waits too, the naive row's fsyncs: "
+            f"{fmt(unc[STRICT].ops_per_s)}/s"
+            if STRICT in unc
+            else ""
+        )
+        + (
+            f"; the naive row with its release not waiting either: "
+            f"{fmt(unc[UNFLUSHED_NAIVE].ops_per_s)}/s"
+            if UNFLUSHED_NAIVE in unc
+            else ""
+        )
+        + ". On an idle name each is one UPDATE of the name's row "
         "(schema version 12: the grant kept in the row, a HOT update, the fencing counter "
         "written with it), sent as one plain prepared statement (named by a hash of its "
         "text, so safe through any pooler): the acquire and release of a name that was idle "
@@ -371,12 +408,25 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "statement's own work: it reads the name's row, checks for a fast grant and writes "
         "the token counter, where the naive row only inserts or deletes."
     )
-    naive_u = unc["naive row (1 s poll)"].ops_per_s
+    naive_u = unc[NAIVE].ops_per_s
     summary.insert(
         0,
         f"durable uncontended ≥ 1.0x the naive row "
         f"{'met' if t.ops_per_s >= naive_u else 'missed'} ({fmt(t.ops_per_s)}/s = "
         f"{t.ops_per_s / naive_u:.2f}x"
+        + (
+            f"; with durability=strict, the naive row's fsyncs, "
+            f"{fmt(unc[STRICT].ops_per_s)}/s = {unc[STRICT].ops_per_s / naive_u:.2f}x"
+            if STRICT in unc
+            else ""
+        )
+        + (
+            f"; against the naive row whose release does not wait for the disk either, "
+            f"{fmt(unc[UNFLUSHED_NAIVE].ops_per_s)}/s: "
+            f"{t.ops_per_s / unc[UNFLUSHED_NAIVE].ops_per_s:.2f}x"
+            if UNFLUSHED_NAIVE in unc
+            else ""
+        )
         + (
             f"; with prepare=off {fmt(unc[UNPREPARED].ops_per_s)}/s = "
             f"{unc[UNPREPARED].ops_per_s / naive_u:.2f}x"

@@ -200,7 +200,9 @@ class NaiveRowLock(LockAdapter):
     PostgreSQL URL (the table lives in ``schema``; one ``INSERT ... ON CONFLICT DO UPDATE ...
     WHERE expired`` per attempt). :meth:`create_table` makes the table first. ``relaxed``
     (PostgreSQL): its session commits with ``synchronous_commit = off``, the floor of
-    Turnstile's ``durability=relaxed``.
+    Turnstile's ``durability=relaxed``. ``release_unflushed`` (PostgreSQL): only its release
+    (the DELETE) commits without waiting for the disk, as Turnstile's durable default does
+    for a release that grants nobody.
     """
 
     def __init__(
@@ -211,8 +213,14 @@ class NaiveRowLock(LockAdapter):
         expiry: float = 600.0,
         timeout: float = 30.0,
         relaxed: bool = False,
+        release_unflushed: bool = False,
     ) -> None:
         self._pg = _is_postgres(target)
+        self._unflushed = (
+            " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+            if release_unflushed and self._pg
+            else ""
+        )
         if self._pg:
             import psycopg
 
@@ -291,7 +299,7 @@ class NaiveRowLock(LockAdapter):
     def release(self) -> None:
         mark = "%s" if self._pg else "?"
         self._conn.execute(
-            f"DELETE FROM {self._table} WHERE name = {mark} AND owner = {mark}",
+            f"DELETE FROM {self._table} WHERE name = {mark} AND owner = {mark}{self._unflushed}",
             (self._name, self._owner),
         )
         self._name = None

@@ -449,7 +449,12 @@ def test_acquire_idle_is_relaxed_and_has_a_function_to_fall_back_to(pg_url: str)
     assert pg.RELAXED_FILTER not in durable.query("acquire_idle")
     assert pg.UNPREPARED["acquire_idle"] == "acquire"
     assert pg.RELAXED_FILTER in relaxed.query("release_idle")
-    assert pg.RELAXED_FILTER not in durable.query("release_idle")
+    # Durable: the release that frees an idle name (granting nobody) does not wait either,
+    # its setting in the RETURNING; strict: it waits.
+    assert pg.UNFLUSHED_TEST in durable.query("release_idle").split("RETURNING")[1]
+    assert pg.RELAXED_FILTER not in durable.query("release_idle").split("RETURNING")[0]
+    strict = pg.parse_url(f"{pg_url}&durability=strict", urlsplit(f"{pg_url}&durability=strict"))
+    assert "synchronous_commit" not in strict.query("release_idle")
     assert pg.UNPREPARED["release_idle"] == "release"
     client = turnstile.connect(f"{pg_url}&prepare=on&durability=relaxed")
     backend: Any = client.backend

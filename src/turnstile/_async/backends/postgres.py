@@ -110,6 +110,14 @@ class AsyncPostgresBackend:
                     "before a server crash may be forgotten, woken by LISTEN/NOTIFY"
                 ),
             )
+        elif self.config.durability == "strict":
+            self.characteristics = dataclasses.replace(
+                CHARACTERISTICS,
+                description=(
+                    "PostgreSQL with durability=strict: durable leases as rows, every "
+                    "release on disk too, woken by LISTEN/NOTIFY"
+                ),
+            )
 
     @property
     def listener(self) -> AsyncListener | None:

@@ -36,7 +36,11 @@ WHERE n.key = %(name_key)s::bytea AND n.name = %(name)s::text AND NOT n.busy
 -- part: FAST_FREE
 -- The fast release (release_fast, release_idle): when the caller is the name's fast holder
 -- (so nobody else holds or waits), its row frees the name. Ends in its WHERE clause, as
--- FAST_GRANT.
+-- FAST_GRANT. The statements' RETURNING starts with __UNFLUSHED__: unless durability=strict,
+-- a set_config that lets the transaction commit without waiting for the disk, evaluated
+-- only for the row the UPDATE freed (never when the release function runs instead, which
+-- may grant a waiter): such a release grants nobody, and a crash that forgot it leaves the
+-- name held by the releasing holder until its lease runs out (sql.py, UNFLUSHED_MARK).
 UPDATE __SCHEMA__.names n
 SET busy = false, h_holder = NULL,
     idle_since = coalesce(n.idle_since, coalesce(%(now)s::timestamptz, clock_timestamp()))
@@ -155,7 +159,8 @@ WHERE __RELAXED__
 -- again on its newest version if it waited for the lock. __RELAXED__: see acquire.
 WITH fast AS (
 __FAST_FREE__
-    RETURNING n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp()) AS released)
+    RETURNING __UNFLUSHED__ n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp())
+              AS released)
 SELECT r.released
 FROM (SELECT f.released FROM fast f
       UNION ALL
@@ -171,7 +176,8 @@ WHERE __RELAXED__
 -- row, and the client then calls release (the function). Without release_fast's WITH and
 -- UNION ALL, which cost more server time than the UPDATE. __RELAXED__: see acquire_idle.
 __FAST_FREE__ AND __RELAXED__
-RETURNING n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp()) AS released
+RETURNING __UNFLUSHED__ n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp())
+          AS released
 
 -- name: renew
 SELECT renewed, acquired_at, expires_at

@@ -61,7 +61,7 @@ TURNSTILE_PARAMS = (
     "durability",
     "prepare",
 )
-DURABILITIES = ("durable", "relaxed")
+DURABILITIES = ("durable", "relaxed", "strict")
 # The lock and semaphore operations that commit a change: with durability=relaxed they do
 # not wait for their WAL to reach disk (the "relaxed" query of queries.sql). Queue
 # operations are never relaxed: a message put is a message kept. Nor are the callback
@@ -92,6 +92,16 @@ UNPREPARED = {
 # on the one row it returns, so it is evaluated exactly once, in the statement's transaction.
 RELAXED_MARK = "__RELAXED__"
 RELAXED_FILTER = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
+# A release that frees an idle name (the fast holder's, queries.sql FAST_FREE: nobody else
+# holds it or waits, so it grants nobody) commits without waiting for the disk unless
+# durability=strict: a crash can forget only that the name was freed, which leaves it held
+# by the holder that released it until that lease runs out, as if the holder had died
+# holding it; any later durable commit (the next grant, on any name) flushes it first. The
+# setting goes in the RETURNING of the UPDATE that frees the name, evaluated only for the
+# row it changed, so the release function behind it (which may grant a waiter) never runs
+# with it. See docs/postgres.md, "Durability".
+UNFLUSHED_MARK = "__UNFLUSHED__"
+UNFLUSHED_TEST = "set_config('synchronous_commit', 'off', true) IS NOT NULL AND"
 
 _SIMPLE_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 
@@ -127,7 +137,8 @@ def _load_queries() -> dict[str, str]:
             body = body.replace(f"__{part}__", shared)
         (parts if kind == "part" else queries)[name] = body
     unknown = {m for q in queries.values() for m in re.findall(r"__([A-Z_]+)__", q)}
-    unknown -= {"SCHEMA", "RELAXED", "QUERY", "CHANNEL_NAME"}  # filled in by render() etc.
+    # filled in by PostgresConfig.query(), render() etc.
+    unknown -= {"SCHEMA", "RELAXED", "UNFLUSHED", "QUERY", "CHANNEL_NAME"}
     if unknown:
         raise RuntimeError(f"queries.sql names parts it does not define: {sorted(unknown)}")
     return queries
@@ -268,8 +279,9 @@ class PostgresConfig:
     connect_timeout: float
     display: str  # the URL with its password replaced, safe to print
     secrets: tuple[str, ...] = field(repr=False)  # strings never to print (passwords)
-    # "durable" (every commit waits for its WAL on disk) or "relaxed" (lock, semaphore and
-    # rate-limit commits do not: see docs/postgres.md, "Durability")
+    # "durable" (every commit waits for its WAL on disk, but a release that frees an idle
+    # name), "strict" (every commit waits) or "relaxed" (lock, semaphore and rate-limit
+    # commits do not): see docs/postgres.md, "Durability"
     durability: str = "durable"
     # Server-side prepared statements (prepare=on, the default): each pooled connection
     # parses and plans each statement once, under a name hashed from its text (prepared.py:
@@ -294,7 +306,9 @@ class PostgresConfig:
         return self.query(name)
 
     def query(self, name: str) -> str:
-        text = QUERIES[name]
+        text = QUERIES[name].replace(
+            UNFLUSHED_MARK, "" if self.durability == "strict" else UNFLUSHED_TEST
+        )
         if RELAXED_MARK in text:
             # A statement with a data-modifying WITH (acquire, release) cannot be wrapped:
             # it says where the relaxed setting goes.
@@ -356,7 +370,8 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
     with a backoff) and ``listen_url`` (a separate URL for the LISTEN connection, e.g. a
     direct or session-mode one when the main URL is a transaction pooler). Everything else
     is passed to libpq unchanged. ``durability=relaxed`` lets lock, semaphore and rate-limit
-    operations commit without waiting for the disk (see docs/postgres.md, "Durability").
+    operations commit without waiting for the disk, ``durability=strict`` makes even a
+    release that frees an idle name wait for it (see docs/postgres.md, "Durability").
     ``prepare`` (``on``, the default, or ``off``) says whether to use server-side prepared
     statements (see docs/postgres.md, "Connection pooling")."""
     display = redact(url)
@@ -412,8 +427,8 @@ def parse_url(url: str, parts: SplitResult) -> PostgresConfig:
     durability = ours.get("durability", "durable").lower()
     if durability not in DURABILITIES:
         raise ConfigurationError(
-            f"URL parameter durability={ours['durability']!r} must be 'durable' (the default) "
-            "or 'relaxed'"
+            f"URL parameter durability={ours['durability']!r} must be 'durable' (the default), "
+            "'strict' or 'relaxed'"
         )
     prepare = _on_off(ours, "prepare")
     listen = _on_off(ours, "listen")
