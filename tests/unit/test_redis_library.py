@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,25 @@ def test_the_shared_helpers_are_in_one_file_first_in_every_script_and_library() 
             assert scripts.script_text(folder, operation).startswith(common)
         lib = scripts.library(folder)[0].text
         assert lib.index(common) < lib.index("local OPERATIONS")
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_pack_makes_the_bytes_redis_py_makes(flavour: str) -> None:
+    """driver.pack (hiredis straight away) sends exactly what redis-py's packer would, for
+    the arguments the backends send (strings, non-ASCII ones, integers, bytes, empty), and
+    is redis-py's own packer when the connection has another (no hiredis)."""
+    import redis
+    import redis.asyncio
+    from redis.connection import PythonRespSerializer
+
+    from turnstile.stores.redis import driver
+
+    client: Any = redis.Redis() if flavour == "sync" else redis.asyncio.Redis()
+    conn = client.connection_pool.make_connection()  # not connected: packing needs no server
+    args = ("FCALL", "turnstile_acquire_v2", 2, "ts:{n}:d", "ts:{n}:l", "h/1/ab", "ñame ü", 0,
+            -12, 30000, b"\x00\xffraw", "", "1")
+    assert b"".join(driver.pack(conn, args)) == b"".join(conn.pack_command(*args))
+    if flavour == "sync":
+        assert len(driver.pack(conn, args)) == 1  # hiredis's, one buffer
+        conn._command_packer = PythonRespSerializer(conn._buffer_cutoff, conn.encoder.encode)
+        assert driver.pack(conn, args) == conn.pack_command(*args)

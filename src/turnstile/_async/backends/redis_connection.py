@@ -359,7 +359,7 @@ class AsyncRedisConnection:
         except IndexError:
             conn = await pool.get_connection()
         try:
-            packed = conn.pack_command(*command, len(keys), *keys, *args)
+            packed = driver.pack(conn, (*command, len(keys), *keys, *args))
             await conn.send_packed_command([b"".join([_PING, *packed])] if lead else packed)
             if lead:
                 # PONG. An error here (an ACL that refuses PING, a connection that lost its

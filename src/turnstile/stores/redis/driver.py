@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.exceptions import (
     AuthenticationError,
     RedisClusterException,
@@ -13,9 +15,31 @@ from ..._core.urls import scrub
 from ...errors import BackendUnavailable, ConfigurationError, TurnstileError
 from .config import RedisConfig
 
+_hiredis_pack: Any = None
+_HiredisSerializer: Any = None
+try:  # redis[hiredis], the extra Turnstile installs; redis-py works without it
+    from hiredis import pack_command as _hiredis_pack
+    from redis.connection import HiredisRespSerializer as _HiredisSerializer
+except ImportError:  # pragma: no cover - hiredis is part of the redis extra
+    pass
+
 # redis-py's errors (its Cluster errors are not RedisErrors) and socket errors. Each is
 # translated where the backends meet the driver.
 DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
+
+
+def pack(conn: Any, args: tuple[Any, ...]) -> list[bytes]:
+    """``conn.pack_command(*args)`` for a command of strings, integers and bytes whose name
+    is one word (FCALL, EVALSHA): with hiredis, its packer straight away, the very bytes
+    redis-py's hiredis serializer makes (it would first turn the name into bytes and look
+    at every argument for a bytearray), for a quarter of the CPU (2.6 against 10.3 us for
+    an acquire's 18 arguments). Any other packer (no hiredis, or redis.asyncio's
+    connections, which pack in Python with their encoder): redis-py's."""
+    packer = getattr(conn, "_command_packer", None)
+    if _HiredisSerializer is not None and type(packer) is _HiredisSerializer:
+        return [_hiredis_pack(args)]
+    packed: list[bytes] = conn.pack_command(*args)
+    return packed
 
 
 def safe_message(exc: BaseException, config: RedisConfig) -> str:
