@@ -239,6 +239,14 @@ def _tx(r: HandoverResult | WebhookResult) -> float:
     return r.per_grant.get("transactions", math.nan)
 
 
+def _paired(a: UncontendedResult, b: UncontendedResult) -> list[float]:
+    """``a``'s rate over ``b``'s in each trial: the trials run every row one after another,
+    so a ratio within one trial is spared the drift of this machine between trials."""
+    if len(a.trials) != len(b.trials):
+        return []
+    return [x / y for x, y in zip(a.trials, b.trials, strict=True) if y > 0]
+
+
 def interpretation(results: dict[str, Any]) -> list[str]:
     """Generated from the numbers of this run."""
     lines = []
@@ -414,6 +422,12 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         f"durable uncontended ≥ 1.0x the naive row "
         f"{'met' if t.ops_per_s >= naive_u else 'missed'} ({fmt(t.ops_per_s)}/s = "
         f"{t.ops_per_s / naive_u:.2f}x"
+        + (
+            f"; trial by trial (each trial runs every row in turn) "
+            f"{' / '.join(f'{r:.2f}' for r in paired)}x"
+            if (paired := _paired(t, unc[NAIVE]))
+            else ""
+        )
         + (
             f"; with durability=strict, the naive row's fsyncs, "
             f"{fmt(unc[STRICT].ops_per_s)}/s = {unc[STRICT].ops_per_s / naive_u:.2f}x"
