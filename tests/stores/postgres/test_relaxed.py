@@ -47,6 +47,35 @@ def _wal_writer_pid(url: str) -> int:
     return int(row[0])
 
 
+class _Crashable:
+    """A cluster of the test's own whose WAL writer it can stop (SIGSTOP) before crashing the
+    server (``pg_ctl stop -m immediate``: SIGQUIT, then SIGKILL for the stopped writer), so
+    that the asynchronous commits made in between are certainly lost. The writer is resumed
+    and the cluster removed at the end, whatever happened."""
+
+    def __init__(self, settings: dict[str, str | int]) -> None:
+        self.cluster = Cluster(settings)
+        self._stopped = False
+
+    def __enter__(self) -> _Crashable:
+        return self
+
+    def stop_wal_writer(self) -> None:
+        os.kill(_wal_writer_pid(self.cluster.url), signal.SIGSTOP)
+        self._stopped = True
+
+    def crash_and_start(self) -> None:
+        self.cluster.stop("immediate")
+        self._stopped = False
+        self.cluster.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stopped:
+            with contextlib.suppress(Exception):
+                os.kill(_wal_writer_pid(self.cluster.url), signal.SIGCONT)
+        self.cluster.close()
+
+
 def _load(client: turnstile.Client, seconds: float, tokens: list[int]) -> None:
     """Three threads taking turns on one name as fast as they can, recording every token."""
     lock = client.lock("relaxed:load", ttl=TTL)
@@ -74,9 +103,8 @@ def _load(client: turnstile.Client, seconds: float, tokens: list[int]) -> None:
 def test_a_crash_forgets_only_unflushed_grants_and_their_holders_learn_it(prepare: str) -> None:
     """prepare=on: acquire and release are the plain statements, relaxed by a set_config in
     the statement itself rather than the wrapping query."""
-    cluster = Cluster({"checkpoint_timeout": "1h"})
-    walwriter_stopped = False
-    try:
+    with _Crashable({"checkpoint_timeout": "1h"}) as crashable:
+        cluster = crashable.cluster
         url = schema_url(
             cluster.url, unique(), retry_timeout="60", durability="relaxed", prepare=prepare
         )
@@ -90,15 +118,12 @@ def test_a_crash_forgets_only_unflushed_grants_and_their_holders_learn_it(prepar
             kept = [client.lock(f"relaxed:kept:{i}", ttl=TTL).acquire() for i in range(3)]
             client.queue("relaxed:q").put({"n": 1})
 
-            os.kill(_wal_writer_pid(cluster.url), signal.SIGSTOP)
-            walwriter_stopped = True
+            crashable.stop_wal_writer()
             # Grants that stay in the server's memory until the crash, made under load.
             fresh = [client.lock(f"relaxed:fresh:{i}", ttl=TTL).acquire() for i in range(3)]
             _load(client, 0.5, tokens_before)
 
-            cluster.stop("immediate")  # SIGQUIT, then SIGKILL for the stopped writer
-            walwriter_stopped = False
-            cluster.start()
+            crashable.crash_and_start()
 
             # At its next renewal each holder learns whether the store still has its grant.
             survived: dict[str, bool] = {}
@@ -138,11 +163,6 @@ def test_a_crash_forgets_only_unflushed_grants_and_their_holders_learn_it(prepar
             assert len(set(tokens_after)) == len(tokens_after)
         finally:
             client.close()
-    finally:
-        if walwriter_stopped:
-            with contextlib.suppress(Exception):
-                os.kill(_wal_writer_pid(cluster.url), signal.SIGCONT)
-        cluster.close()
 
 
 @pytest.mark.parametrize("durability", ["durable", "strict"])
@@ -152,9 +172,8 @@ def test_a_crash_forgets_at_most_releases_that_granted_nobody(durability: str) -
     released it, with its token and expiry, until that lease runs out: nobody else is
     granted it meanwhile. Everything else is kept: grants, and a release that granted a
     waiter (the waiter holds the name after the crash). durability=strict forgets nothing."""
-    cluster = Cluster({"checkpoint_timeout": "1h", "autovacuum": "off"})
-    walwriter_stopped = False
-    try:
+    with _Crashable({"checkpoint_timeout": "1h", "autovacuum": "off"}) as crashable:
+        cluster = crashable.cluster
         url = schema_url(cluster.url, unique(), retry_timeout="60", durability=durability)
         client = turnstile.connect(url)
         assert client.characteristics.durable is True
@@ -178,8 +197,7 @@ def test_a_crash_forgets_at_most_releases_that_granted_nobody(durability: str) -
                 time.sleep(0.01)
             idle = [client.lock(f"release:idle:{i}", ttl=TTL).acquire() for i in range(3)]
 
-            os.kill(_wal_writer_pid(cluster.url), signal.SIGSTOP)
-            walwriter_stopped = True
+            crashable.stop_wal_writer()
             first.release()  # grants the waiter: durable, flushes everything before it
             waiter.join(30)
             assert "lease" in handed
@@ -189,9 +207,7 @@ def test_a_crash_forgets_at_most_releases_that_granted_nobody(durability: str) -
             for lease in idle:  # free idle names, granting nobody
                 assert lease.release()
 
-            cluster.stop("immediate")
-            walwriter_stopped = False
-            cluster.start()
+            crashable.crash_and_start()
 
             holders = client.lock("release:handed").status().holders
             assert [(h.holder, h.token) for h in holders] == [
@@ -219,11 +235,6 @@ def test_a_crash_forgets_at_most_releases_that_granted_nobody(durability: str) -
                 assert forgotten == len(idle), f"{forgotten} of {len(idle)} releases forgotten"
         finally:
             client.close()
-    finally:
-        if walwriter_stopped:
-            with contextlib.suppress(Exception):
-                os.kill(_wal_writer_pid(cluster.url), signal.SIGCONT)
-        cluster.close()
 
 
 def test_durability_is_validated_and_only_lock_operations_are_relaxed() -> None:
