@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 import turnstile
+from turnstile._sync.backends.postgres import IDLE_STREAK
 from turnstile.errors import LeaseLost
 from turnstile.stores.postgres import sql as pg
 
@@ -177,6 +178,8 @@ def test_a_crash_forgets_at_most_releases_that_granted_nobody(durability: str) -
         url = schema_url(cluster.url, unique(), retry_timeout="60", durability=durability)
         client = turnstile.connect(url)
         assert client.characteristics.durable is True
+        description = client.characteristics.description
+        assert ("durability=strict" in description) == (durability == "strict")
         try:
             # Waiters of a hand-over, blocked before the WAL writer stops.
             handed: dict[str, Any] = {}
@@ -195,7 +198,13 @@ def test_a_crash_forgets_at_most_releases_that_granted_nobody(durability: str) -
             while len(client.lock("release:handed").status().waiters) < 1:
                 assert time.monotonic() < deadline, "the waiter never joined"
                 time.sleep(0.01)
+            # The first name used over and over first: its last release is release_idle (the
+            # bare UPDATE), the others' release_fast (the UPDATE, the function behind it).
+            for _ in range(IDLE_STREAK):
+                client.lock("release:idle:0", ttl=TTL).acquire().release()
             idle = [client.lock(f"release:idle:{i}", ttl=TTL).acquire() for i in range(3)]
+            backend: Any = client.backend
+            assert backend._known["release:idle:0"] >= IDLE_STREAK
 
             crashable.stop_wal_writer()
             first.release()  # grants the waiter: durable, flushes everything before it

@@ -78,6 +78,14 @@ CHARACTERISTICS = Characteristics(
     local_deliveries=True,
 )
 
+# The description of a store whose URL sets durability other than the default.
+DESCRIPTIONS = {
+    "relaxed": "PostgreSQL with durability=relaxed: leases as rows whose last grants before a "
+    "server crash may be forgotten, woken by LISTEN/NOTIFY",
+    "strict": "PostgreSQL with durability=strict: durable leases as rows, every release on "
+    "disk too, woken by LISTEN/NOTIFY",
+}
+
 
 class PostgresBackend:
     characteristics = CHARACTERISTICS
@@ -102,22 +110,11 @@ class PostgresBackend:
         # that place lapses unless stepped again): what open_waiter checks, since the waiter
         # arms after that step.
         self._marks = WakeMarks()
-        if self.config.relaxed:
+        if self.config.durability in DESCRIPTIONS:
             self.characteristics = dataclasses.replace(
                 CHARACTERISTICS,
-                durable=False,
-                description=(
-                    "PostgreSQL with durability=relaxed: leases as rows whose last grants "
-                    "before a server crash may be forgotten, woken by LISTEN/NOTIFY"
-                ),
-            )
-        elif self.config.durability == "strict":
-            self.characteristics = dataclasses.replace(
-                CHARACTERISTICS,
-                description=(
-                    "PostgreSQL with durability=strict: durable leases as rows, every "
-                    "release on disk too, woken by LISTEN/NOTIFY"
-                ),
+                durable=not self.config.relaxed,
+                description=DESCRIPTIONS[self.config.durability],
             )
 
     @property
