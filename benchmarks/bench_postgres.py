@@ -205,7 +205,7 @@ def contenders(url: str, schema: str) -> list[Contender]:
             probe,
         ),
         Contender(
-            "naive row (1 s poll)",
+            NAIVE,
             # A polling row has no line: with 32 pollers one can lose every poll for longer
             # than the default 30 s, which is the finding, not a failure of the run.
             functools.partial(NaiveRowLock, url, schema, poll=1.0, timeout=120.0),
@@ -255,7 +255,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     for group in groups:
         by = {r.label: r for r in group}
         t, adv, push = by[TURNSTILE], by[BASELINE], by[NOTIFY_ROW]
-        n1, n50 = by["naive row (1 s poll)"], by["naive row (50 ms poll)"]
+        n1, n50 = by[NAIVE], by["naive row (50 ms poll)"]
         certain_total += t.certain_fifo_violations or 0
         lines.append(
             f"- **Handover, {t.processes - 1} waiters.** Turnstile {fmt(t.gap_p50_ms)} ms p50 "
@@ -329,7 +329,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     for group in results["webhooks"]:
         by = {r.label: r for r in group}
         t, adv, pr = by[TURNSTILE], by[BASELINE], by[NOTIFY_ROW]
-        n1, n50 = by["naive row (1 s poll)"], by["naive row (50 ms poll)"]
+        n1, n50 = by[NAIVE], by["naive row (50 ms poll)"]
         summary.append(
             f"webhooks ({t.scenario}) ≥ {TARGET_VS_BOUND:.0%} of a perfect FIFO lock "
             f"{'met' if t.vs_bound >= TARGET_VS_BOUND else 'missed'} ({t.vs_bound:.0%}; "

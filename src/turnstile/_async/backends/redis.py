@@ -42,9 +42,10 @@ from ...errors import BackendUnavailable, ConfigurationError
 from ...stores.redis import config as redis_config
 from ...stores.redis import keys, replies, scripts
 from ...stores.redis.driver import DRIVER_ERRORS, connect_error
+from ...stores.redis.entries import Entries
 from .redis_connection import AsyncRedisConnection
 from .redis_listen import AsyncRedisListener, AsyncRedisWaiter
-from .wakeups import Notes, WakeMarks
+from .wakeups import WakeMarks
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
@@ -120,35 +121,6 @@ def _acquire_args(
 
 # The position of the caller's waiting entry in acquire.lua's ARGV after the key base.
 ENTRY_ARG = 11
-
-
-class Entries:
-    """The waiting entries of this client's private holders (a blocking acquire's own,
-    which nobody else asks for): (name, holder) -> its member in line. The store does not
-    index them under their holder (a hand-over costs one command less), so the client gives
-    the entry back in each step of that holder. A note is dropped when its step learns the
-    entry is gone (granted, or out of line), or once it has lapsed: twice the entry's
-    wait_ttl after its last step, by when the store has dropped it too (never sooner, so no
-    count bound: a note dropped early would have the holder join a second time). A step
-    whose outcome is unknown (its reply lost, or the caller cancelled) leaves
-    :attr:`UNKNOWN` instead: the store then finds the holder's entry by reading the line."""
-
-    UNKNOWN = "?"
-
-    def __init__(self) -> None:
-        self._notes: Notes[str] = Notes()
-
-    def get(self, name: str, holder: str) -> str | None:
-        return self._notes.get(name, holder)
-
-    def remember(self, name: str, holder: str, entry: str, wait_ttl: float) -> None:
-        self._notes.put(name, holder, entry, 2 * wait_ttl)
-
-    def forget(self, name: str, holder: str) -> None:
-        self._notes.pop(name, holder)
-
-    def __len__(self) -> int:
-        return len(self._notes)
 
 
 class AsyncRedisBackend:
