@@ -15,7 +15,9 @@ the PING the release sends ahead of its script switched off (see
 ``RedisConnection._call``), to measure what that PING buys.
 
 The server is ``--url`` (default ``redis://127.0.0.1:6379/0``); keys go under the prefix
-``tt-ab-<random>:`` and are deleted at the end.
+``tt-ab-<random>:`` and are deleted at the end. With a PostgreSQL URL
+(``postgresql://...``) the runs use a schema of their own, ``tt_ab_<random>``, dropped at
+the end (``:nolead`` is Redis only).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import itertools
 import multiprocessing as mp
 import os
+import queue
 import secrets
 import statistics
 import sys
@@ -40,8 +43,8 @@ def _worker(src: str, nolead: bool, url: str, name: str, cycles: int, q: Any, go
         backend: Any = client.backend
         run = backend._run
 
-        def no_lead(op: str, name: str, args: list[Any], *, lead: bool = False) -> Any:
-            return run(op, name, args)
+        def no_lead(op: str, name: str, args: list[Any], *, lead: bool = False, **kw: Any) -> Any:
+            return run(op, name, args, **kw)
 
         backend._run = no_lead
     lock = client.lock(name, ttl=30)
@@ -76,12 +79,40 @@ def run_once(tree: str, url: str, processes: int, cycles: int) -> list[float]:
     time.sleep(2.0)  # every process connected and warmed up
     go.set()
     events = []
-    for _ in procs:
-        events += q.get(timeout=300)
+    deadline = time.monotonic() + 300
+    while len(events) < processes * cycles:
+        try:
+            events += q.get(timeout=1.0)
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(
+                    f"{tree}: a worker failed (exit codes {failed})"
+                    if failed
+                    else f"{tree}: no result within 300 s"
+                ) from None
     for p in procs:
         p.join(30)
     events.sort()
     return sorted(b[0] - a[1] for a, b in itertools.pairwise(events) if a[2] != b[2])
+
+
+def _clean_up(url: str, postgres: bool, prefix: str, schema: str) -> None:
+    """Delete what the runs made: the keys under ``prefix``, or the schema ``schema``."""
+    if postgres:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        return
+    import redis
+
+    r = redis.Redis.from_url(url)
+    for key in r.scan_iter(match=f"{prefix}*", count=1000):
+        r.delete(key)
+    r.close()
 
 
 def main() -> None:
@@ -92,9 +123,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cycles", type=int, default=200)
     args = parser.parse_args()
+    postgres = args.url.startswith(("postgresql:", "postgres:"))
+    if postgres and any(tree.endswith(":nolead") for tree in args.trees):
+        parser.error(":nolead measures the Redis release's lead PING: not on PostgreSQL")
     prefix = f"tt-ab-{secrets.token_hex(3)}:"
+    schema = f"tt_ab_{secrets.token_hex(3)}"
     sep = "&" if "?" in args.url else "?"
-    url = f"{args.url}{sep}prefix={prefix}"
+    url = f"{args.url}{sep}schema={schema}" if postgres else f"{args.url}{sep}prefix={prefix}"
     rows = []
     try:
         for processes in [int(p) for p in args.processes.split(",")]:
@@ -104,21 +139,20 @@ def main() -> None:
                     p50 = statistics.median(gaps) * 1000
                     p90 = gaps[int(len(gaps) * 0.9)] * 1000
                     rows.append((processes, rnd + 1, tree, p50, p90, len(gaps)))
-                    print(f"{processes} procs  round {rnd + 1}  {tree}: p50 {p50:.3f} ms",
-                          file=sys.stderr)
+                    print(
+                        f"{processes} procs  round {rnd + 1}  {tree}: p50 {p50:.3f} ms",
+                        file=sys.stderr,
+                    )
     finally:
-        import redis
-
-        r = redis.Redis.from_url(args.url)
-        for key in r.scan_iter(match=f"{prefix}*", count=1000):
-            r.delete(key)
-        r.close()
+        _clean_up(args.url, postgres, prefix, schema)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"- command: `python benchmarks/ab_handover.py {' '.join(sys.argv[1:])}`")
     print(f"- load average at the end: {load}")
     print()
-    print("| processes | round | tree | release called → next holder starts, p50 ms | p90 ms |"
-          " hand-overs |")
+    print(
+        "| processes | round | tree | release called → next holder starts, p50 ms | p90 ms |"
+        " hand-overs |"
+    )
     print("|---:|---:|---|---:|---:|---:|")
     for processes, rnd, tree, p50, p90, n in rows:
         print(f"| {processes} | {rnd} | {tree} | {p50:.3f} | {p90:.3f} | {n} |")

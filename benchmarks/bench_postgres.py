@@ -40,6 +40,7 @@ from turnstile_bench import (
     command_line,
     fmt,
     handover_table,
+    handover_trials_note,
     machine_lines,
     main,
     no_overlaps,
@@ -88,8 +89,10 @@ def idle_probe(url: str, schema: str, pause: float, rounds: int = 40) -> dict[st
         table = f'"{schema}".idle_probe'
         conn.execute(f"CREATE TABLE {table} (k int PRIMARY KEY, v bigint)")
         conn.execute(f"INSERT INTO {table} VALUES (1, 0)")
-        for label, sql in [("select", "SELECT 1"),
-                           ("update", f"UPDATE {table} SET v = v + 1 WHERE k = 1")]:
+        for label, sql in [
+            ("select", "SELECT 1"),
+            ("update", f"UPDATE {table} SET v = v + 1 WHERE k = 1"),
+        ]:
             for idle in (0.0, pause):
                 times = []
                 for _ in range(rounds):
@@ -102,8 +105,6 @@ def idle_probe(url: str, schema: str, pause: float, rounds: int = 40) -> dict[st
                 out[key] = sorted(times)[len(times) // 2] * 1000
         conn.execute(f"DROP TABLE {table}")
     return out
-
-
 
 
 def uncontended_contenders(url: str, schema: str) -> list[Contender]:
@@ -227,7 +228,6 @@ def contenders(url: str, schema: str) -> list[Contender]:
             probe,
         ),
     ]
-
 
 
 def _groups(handover: list[HandoverResult]) -> list[list[HandoverResult]]:
@@ -371,14 +371,10 @@ def interpretation(results: dict[str, Any]) -> list[str]:
     lines.append(
         f"- **Uncontended.** Turnstile {fmt(t.ops_per_s)} acquire+release/s"
         + (f" ({fmt(bare_u.ops_per_s)}/s without the renewer)" if bare_u else "")
-        + (
-            f", {fmt(unc[UNPREPARED].ops_per_s)}/s with `prepare=off`"
-            if UNPREPARED in unc
-            else ""
-        )
+        + (f", {fmt(unc[UNPREPARED].ops_per_s)}/s with `prepare=off`" if UNPREPARED in unc else "")
         + (
             f", {fmt(unc[NO_HINT].ops_per_s)}/s with `acquire_fast` every time (the idle "
-            "hint off: docs/postgres.md, \"A name that was idle\")"
+            'hint off: docs/postgres.md, "A name that was idle")'
             if NO_HINT in unc
             else ""
         )
@@ -411,7 +407,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "function call, parsed and planned at "
         "every call); no waiter is armed and no LISTEN connection opened unless the acquire has "
         "to wait; the client sends it by its short path (docs/postgres.md, \"The client's "
-        "short path\": no cursor, no pool checkout), spending less CPU per call than the "
+        'short path": no cursor, no pool checkout), spending less CPU per call than the '
         "naive row's psycopg cursor. What remains is the lease and its renewer, and the "
         "statement's own work: it reads the name's row, checks for a fast grant and writes "
         "the token counter, where the naive row only inserts or deletes."
@@ -458,8 +454,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"pg_advisory_lock {'met' if ratio >= TARGET_RELAXED_VS_ADVISORY else 'missed'} "
             f"({fmt(relaxed_u.ops_per_s)}/s = {ratio:.2f}x"
             + (
-                f"; with prepare=off {fmt(both.ops_per_s)}/s = "
-                f"{both.ops_per_s / b.ops_per_s:.2f}x"
+                f"; with prepare=off {fmt(both.ops_per_s)}/s = {both.ops_per_s / b.ops_per_s:.2f}x"
                 if both is not None
                 else ""
             )
@@ -526,7 +521,8 @@ def markdown(
             "*transactions / grant*: transaction ids the server assigned during the run "
             "divided by the grants (every Turnstile call and every naive-row attempt is one "
             "writing transaction; pg_advisory_lock writes none). Slow locks stop "
-            "starting rounds after the time budget, hence fewer grants.",
+            "starting rounds after the time budget, hence fewer grants."
+            + handover_trials_note(group),
             "",
             handover_table(group, BASELINE, counters=True),
             "",
@@ -605,6 +601,7 @@ class PostgresBench(LockBench):
             # The demo's five webhooks take 60 ms: one trial is mostly noise, so take the
             # median of several (interleaved over the contenders).
             webhook_trials=(1,) if quick else (7, 3),
+            handover_trials=1 if quick else 3,
         )
         extra = uncontended_contenders(url, schema)
         uncontended = [c for c in main if c.label not in ("naive row (50 ms poll)", NOTIFY_ROW)]

@@ -48,6 +48,7 @@ from turnstile_bench import (
     command_line,
     fmt,
     handover_table,
+    handover_trials_note,
     machine_lines,
     main,
     markdown_table,
@@ -175,6 +176,10 @@ def commands_table(results: list[HandoverResult]) -> str:
     return markdown_table(headers, rows)
 
 
+def _per_trial(values: list[float]) -> str:
+    return " / ".join(fmt(v) for v in values)
+
+
 def interpretation(results: dict[str, Any]) -> list[str]:
     """Generated from the numbers of this run."""
     lines: list[str] = []
@@ -213,7 +218,13 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"**{verdict}** ({fmt(tw.gap_p50_ms)} ms in a `with` block, {fmt(ts.gap_p50_ms)} "
             f"ms bare, vs {fmt(prl.gap_p50_ms)} ms; python-redis-lock handed "
             f"{prl.handovers - prl.to_other} of {prl.handovers} successions back to the "
-            "releaser, which are not in its figure)."
+            "releaser, which are not in its figure"
+            + (
+                f"; trial by trial {_per_trial(tw.trials)} ms against {_per_trial(prl.trials)}"
+                if len(tw.trials) > 1 and len(tw.trials) == len(prl.trials)
+                else ""
+            )
+            + ")."
         )
         if not met_with and met_bare:
             text += (
@@ -298,9 +309,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"{fmt(t.bound_efficiency)} in a `with` block; bare acquire/release "
             f"{fmt(b.vs_bound)} of it)."
         )
-        peers = [
-            f"{label} {fmt(by_w[label].vs_bound)}" for label in (PRL, PG) if label in by_w
-        ]
+        peers = [f"{label} {fmt(by_w[label].vs_bound)}" for label in (PRL, PG) if label in by_w]
         if peers:
             text += " Same run: " + ", ".join(peers) + " of the bound."
         if not met_with:
@@ -325,9 +334,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"x; redis-py {fmt(base.ops_per_s)}/s)."
         )
         if not met_with:
-            text += (
-                " The `with` row also registers each lease with the client's renewer. "
-            )
+            text += " The `with` row also registers each lease with the client's renewer. "
         if not met_bare:
             text += (
                 "Bare, both make two round trips per acquire+release; Turnstile's are "
@@ -551,9 +558,7 @@ def costs_table(costs: dict[str, Any]) -> str:
             rows.append(
                 [step, row["calls"], row.get("p50_us", math.nan), row["mean_us"], row["commands"]]
             )
-    return markdown_table(
-        ["step", "calls", "server µs p50", "mean", "commands inside (p50)"], rows
-    )
+    return markdown_table(["step", "calls", "server µs p50", "mean", "commands inside (p50)"], rows)
 
 
 def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]) -> str:
@@ -584,7 +589,7 @@ def markdown(results: dict[str, Any], args: argparse.Namespace, info: dict[str, 
             f"process that started waiting more than {fmt(h.fifo_tolerance_ms, 0)} ms after "
             "another process still waiting. Slow locks stop starting rounds after the time "
             "budget, hence fewer grants. Counters: `INFO commandstats` of the Redis server, "
-            "per grant (commands run inside scripts included).",
+            "per grant (commands run inside scripts included)." + handover_trials_note(group),
             "",
             handover_table(group, PRL if PRL in by else None, counters=not args.redis_url),
             "",
@@ -664,8 +669,14 @@ class RedisBench(LockBench):
     name = "redis"
     description = (__doc__ or "").split("\n")[0]
     packages = (
-        "turnstile", "redis", "hiredis", "python-redis-lock", "pottery", "sherlock",
-        "portalocker", "psycopg",
+        "turnstile",
+        "redis",
+        "hiredis",
+        "python-redis-lock",
+        "pottery",
+        "sherlock",
+        "portalocker",
+        "psycopg",
     )
     requires = (("redis", "pip install -e '.[redis]' and the bench group (scripts/dev.py)"),)
     tmpdir_help = "where the benchmark's own redis-server keeps its files"
@@ -682,7 +693,10 @@ class RedisBench(LockBench):
             if args.redis_url:
                 redis_url = args.redis_url
                 stack.callback(
-                    delete_redis_keys, redis_url, f"{prefix}*", f"redlock:{prefix}*",
+                    delete_redis_keys,
+                    redis_url,
+                    f"{prefix}*",
+                    f"redlock:{prefix}*",
                     f"lock:{prefix}*",
                 )
             else:
@@ -705,6 +719,7 @@ class RedisBench(LockBench):
             rounds=lambda processes: 3 if quick else max(8, 240 // processes),
             handover_seconds=2.0 if quick else 20.0,
             webhook_trials=(1,) if quick else (args.trials, args.trials),
+            handover_trials=1 if quick else 3,
         )
         results = {
             "contenders": [{"label": c.label, "note": c.note} for c in main],

@@ -375,3 +375,29 @@ def test_plots_are_drawn_from_the_results_and_linked(tmp_path: Path) -> None:
     links = plots.markdown_links(drawn)
     assert all(f"]({n})" in links for n in names) and "## Plots" in links
     assert plots.markdown_links([]) == ""
+
+
+def test_handover_trials_are_interleaved_and_the_median_one_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real worker processes on a SQLite file: with trials, each lock runs that many times
+    and its row is the trial of median p50; a lock slower than REPEAT_BELOW_MS in its first
+    trial runs once (here: every lock, with the bound at 0)."""
+    import functools
+
+    from turnstile_bench import scenarios
+
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    fast = h.Contender("turnstile sqlite", functools.partial(h.TurnstileLock, url))
+    [r] = h.run_handover([fast], processes=2, rounds=4, hold=0.001, trials=3)
+    assert len(r.trials) == 3 and r.grants == 8
+    assert r.gap_p50_ms == sorted(r.trials)[1]
+    table = h.handover_table([r])
+    assert "p50 per trial" in table and " / ".join(h.fmt(t) for t in r.trials) in table
+    assert "trial of median p50 out of 3" in h.handover_trials_note([r])
+
+    monkeypatch.setattr(scenarios, "REPEAT_BELOW_MS", 0.0)
+    [once] = h.run_handover([fast], processes=2, rounds=4, hold=0.001, trials=3)
+    assert len(once.trials) == 1
+    assert h.handover_trials_note([once]) == ""
+    assert "p50 per trial" not in h.handover_table([once])

@@ -136,6 +136,7 @@ class Sizes:
     rounds: Callable[[int], int]  # processes -> rounds of each
     handover_seconds: float  # no process starts a round after this
     webhook_trials: Sequence[int]  # the demo's webhooks, then (if given) the random ones
+    handover_trials: int = 1  # runs of each handover size, interleaved over the contenders
 
 
 class LockBench(Bench):
@@ -181,6 +182,7 @@ class LockBench(Bench):
                 rounds=sizes.rounds(processes),
                 hold=0.002,
                 max_seconds=sizes.handover_seconds,
+                trials=sizes.handover_trials,
             )
         scenarios = [
             (WebhookScenario.parse(args.demo, work=args.work), args.demo_workers),

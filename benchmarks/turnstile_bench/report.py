@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .scenarios import HandoverResult, UncontendedResult, WebhookResult
+from .scenarios import REPEAT_BELOW_MS, HandoverResult, UncontendedResult, WebhookResult
 
 
 def fmt(value: Any, digits: int = 2) -> str:
@@ -117,6 +117,9 @@ def handover_table(
         headers.insert(3, f"p50 vs {baseline}")
     keys = sorted({k for r in results for k in r.per_grant}) if counters else []
     headers += [f"{k} / grant" for k in keys]
+    trials = any(len(r.trials) > 1 for r in results)
+    if trials:
+        headers.append("p50 per trial")
     rows = []
     for r in results:
         row: list[Any] = [
@@ -134,8 +137,23 @@ def handover_table(
         if base is not None:
             row.insert(3, ratio(r.gap_p50_ms, base.gap_p50_ms))
         row += [r.per_grant.get(k, math.nan) for k in keys]
+        if trials:
+            row.append(" / ".join(fmt(t) for t in r.trials))
         rows.append(row)
     return markdown_table(headers, rows)
+
+
+def handover_trials_note(results: Sequence[HandoverResult]) -> str:
+    """The sentence that says how a handover table's rows were chosen ("" for one trial)."""
+    most = max((len(r.trials) for r in results), default=0)
+    if most <= 1:
+        return ""
+    return (
+        f" Each row is the lock's trial of median p50 out of {most}, run interleaved over the"
+        " locks (each trial runs every lock in turn, so the machine's drift affects them"
+        " alike); the last column lists every trial's p50. A lock slower than"
+        f" {fmt(REPEAT_BELOW_MS, 0)} ms p50 in its first trial runs that one only."
+    )
 
 
 def _certain(count: int | None, of: int | None) -> str:
@@ -220,11 +238,15 @@ def machine_lines(info: Mapping[str, Any], command: str) -> list[str]:
         f"- machine: {info['nproc']} CPUs (nproc), load average at start "
         f"{' / '.join(str(x) for x in info['loadavg'])}, {info['platform']}",
         f"- python {info['python']}" + (f"; {versions}" if versions else ""),
-        *(["- **shared machine**: other jobs were running (load average above half the "
-           "cores at the start), so absolute figures are low and tails are long; compare "
-           "rows of this run only: the ratios are what count"]
-          if info["loadavg"] and info["nproc"] and info["loadavg"][0] > info["nproc"] / 2
-          else []),
+        *(
+            [
+                "- **shared machine**: other jobs were running (load average above half the "
+                "cores at the start), so absolute figures are low and tails are long; compare "
+                "rows of this run only: the ratios are what count"
+            ]
+            if info["loadavg"] and info["nproc"] and info["loadavg"][0] > info["nproc"] / 2
+            else []
+        ),
     ]
 
 
