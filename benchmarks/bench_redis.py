@@ -47,6 +47,7 @@ from turnstile_bench import (
     by_waiters,
     command_line,
     fmt,
+    fmt_against,
     handover_table,
     handover_trials_note,
     machine_lines,
@@ -213,12 +214,13 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         met_with = tw.gap_p50_ms <= prl.gap_p50_ms
         met_bare = ts.gap_p50_ms <= prl.gap_p50_ms
         verdict = "met" if met_with else ("met by bare acquire/release" if met_bare else "missed")
+        d = fmt_against(prl.gap_p50_ms, tw.gap_p50_ms, ts.gap_p50_ms)
         text = (
             f"- Handover p50 no worse than python-redis-lock's, {waiters} waiters: "
-            f"**{verdict}** ({fmt(tw.gap_p50_ms)} ms in a `with` block, {fmt(ts.gap_p50_ms)} "
-            f"ms bare, vs {fmt(prl.gap_p50_ms)} ms; python-redis-lock handed "
-            f"{prl.handovers - prl.to_other} of {prl.handovers} successions back to the "
-            "releaser, which are not in its figure"
+            f"**{verdict}** ({fmt(tw.gap_p50_ms, d)} ms in a `with` block, "
+            f"{fmt(ts.gap_p50_ms, d)} ms bare, vs {fmt(prl.gap_p50_ms, d)} ms; "
+            f"python-redis-lock handed {prl.handovers - prl.to_other} of {prl.handovers} "
+            "successions back to the releaser, which are not in its figure"
             + (
                 f"; trial by trial {_per_trial(tw.trials)} ms against {_per_trial(prl.trials)}"
                 if len(tw.trials) > 1 and len(tw.trials) == len(prl.trials)
@@ -303,11 +305,12 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         b = by_w.get(BARE, t)
         met_with, met_bare = t.vs_bound >= 0.95, b.vs_bound >= 0.95
         verdict = "met" if met_with else ("met by bare acquire/release" if met_bare else "missed")
+        d = fmt_against(0.95, t.vs_bound, b.vs_bound)
         text = (
             f"- Webhook efficiency ≥ 95% of the perfect-FIFO bound, {t.scenario}: "
-            f"**{verdict}** ({fmt(t.efficiency)} = {fmt(t.vs_bound)} of the bound "
+            f"**{verdict}** ({fmt(t.efficiency)} = {fmt(t.vs_bound, d)} of the bound "
             f"{fmt(t.bound_efficiency)} in a `with` block; bare acquire/release "
-            f"{fmt(b.vs_bound)} of it)."
+            f"{fmt(b.vs_bound, d)} of it)."
         )
         peers = [f"{label} {fmt(by_w[label].vs_bound)}" for label in (PRL, PG) if label in by_w]
         if peers:

@@ -401,3 +401,10 @@ def test_handover_trials_are_interleaved_and_the_median_one_reported(
     assert len(once.trials) == 1
     assert h.handover_trials_note([once]) == ""
     assert "p50 per trial" not in h.handover_table([once])
+
+
+def test_a_miss_is_never_printed_as_a_tie() -> None:
+    assert h.fmt_against(0.95, 0.947) == 3  # "0.947", not "0.95", beside the target 0.95
+    assert h.fmt_against(0.46, 0.4612, 0.5) == 3
+    assert h.fmt_against(0.5, 0.6) == 2
+    assert h.fmt_against(0.95, 0.95) == 2  # a true tie stays a tie

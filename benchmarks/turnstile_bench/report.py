@@ -34,6 +34,15 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def fmt_against(value: float, *others: float) -> int:
+    """Digits that tell ``value`` apart from each of ``others`` (2, or up to 4 when two
+    decimals would show a miss as a tie: "0.95 ... missed" reads as a contradiction)."""
+    for digits in (2, 3, 4):
+        if all(fmt(value, digits) != fmt(o, digits) or value == o for o in others):
+            return digits
+    return 4
+
+
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = [
         "| " + " | ".join(headers) + " |",
