@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -295,6 +296,34 @@ def test_a_refused_lead_ping_leaves_the_connection_in_step(server: RedisProcess)
         with server.admin() as admin:
             stats = admin.info("errorstats")
         assert any("NOPERM" in k for k in stats), stats  # the PINGs were refused
+    finally:
+        client.close()
+
+
+def test_threads_that_ask_at_once_share_one_listener(server: RedisProcess) -> None:
+    """The first waiters of a client, in threads that start together, make one listener
+    between them (a second one would open a second subscriber connection that closing the
+    client leaves open)."""
+    client = turnstile.connect(server.url + PREFIX)
+    try:
+        connection: Any = client.backend.connection  # type: ignore[attr-defined]
+        for _ in range(20):
+            connection._listener = None
+            connection._listeners.clear()
+            barrier = threading.Barrier(8)
+            got: list[object] = []
+
+            def ask(barrier: threading.Barrier, got: list[object]) -> None:
+                barrier.wait()
+                got.append(connection.listener)
+
+            threads = [threading.Thread(target=ask, args=(barrier, got)) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+            assert len(got) == 8 and all(x is got[0] for x in got)
+            assert connection.listener is got[0]
     finally:
         client.close()
 

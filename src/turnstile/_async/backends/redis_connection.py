@@ -143,6 +143,8 @@ class AsyncRedisConnection:
         # need, per process: see listener).
         self._listener: AsyncRedisListener | None = None
         self._listener_generation = forks.generation()
+        # The one listener of each process (by fork generation): see listener.
+        self._listeners: dict[int, AsyncRedisListener] = {}
         # Until when operations keep retrying a server that refuses connections (see run).
         self._away_until: float | None = None
         # Connections run() took from this pool and keeps aside between scripts, each one
@@ -169,11 +171,17 @@ class AsyncRedisConnection:
         """The subscriber connection of this client (not started until a waiter needs it).
         A forked child gets its own: the parent's connection and thread are not its."""
         listener = self._listener
-        if listener is None or self._listener_generation != forks.generation():
-            if listener is not None:
-                forks.abandon(listener)
-            listener = self._listener = AsyncRedisListener(self)
-            self._listener_generation = forks.generation()
+        generation = forks.generation()
+        if listener is None or self._listener_generation != generation:
+            # Threads that get here at once agree on one listener (dict.setdefault is
+            # atomic): a second one would open a second subscriber connection that close()
+            # never closes. A listener that has not read yet has no connection to drop.
+            listener = self._listeners.setdefault(generation, AsyncRedisListener(self))
+            for other in [g for g in self._listeners if g != generation]:
+                inherited = self._listeners.pop(other, None)
+                if inherited is not None:
+                    forks.abandon(inherited)  # a forked child: the parent's
+            self._listener, self._listener_generation = listener, generation
         return listener
 
     async def listening(self) -> AsyncRedisListener:
@@ -425,6 +433,7 @@ class AsyncRedisConnection:
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
+        self._listeners.clear()
         if listener is not None:
             if self._listener_generation == forks.generation():
                 await listener.close()

@@ -144,6 +144,8 @@ class RedisConnection:
         # need, per process: see listener).
         self._listener: RedisListener | None = None
         self._listener_generation = forks.generation()
+        # The one listener of each process (by fork generation): see listener.
+        self._listeners: dict[int, RedisListener] = {}
         # Until when operations keep retrying a server that refuses connections (see run).
         self._away_until: float | None = None
         # Connections run() took from this pool and keeps aside between scripts, each one
@@ -170,11 +172,17 @@ class RedisConnection:
         """The subscriber connection of this client (not started until a waiter needs it).
         A forked child gets its own: the parent's connection and thread are not its."""
         listener = self._listener
-        if listener is None or self._listener_generation != forks.generation():
-            if listener is not None:
-                forks.abandon(listener)
-            listener = self._listener = RedisListener(self)
-            self._listener_generation = forks.generation()
+        generation = forks.generation()
+        if listener is None or self._listener_generation != generation:
+            # Threads that get here at once agree on one listener (dict.setdefault is
+            # atomic): a second one would open a second subscriber connection that close()
+            # never closes. A listener that has not read yet has no connection to drop.
+            listener = self._listeners.setdefault(generation, RedisListener(self))
+            for other in [g for g in self._listeners if g != generation]:
+                inherited = self._listeners.pop(other, None)
+                if inherited is not None:
+                    forks.abandon(inherited)  # a forked child: the parent's
+            self._listener, self._listener_generation = listener, generation
         return listener
 
     def listening(self) -> RedisListener:
@@ -425,6 +433,7 @@ class RedisConnection:
 
     def close(self) -> None:
         listener, self._listener = self._listener, None
+        self._listeners.clear()
         if listener is not None:
             if self._listener_generation == forks.generation():
                 listener.close()
