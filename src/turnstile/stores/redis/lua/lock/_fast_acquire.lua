@@ -27,18 +27,7 @@ do
         table.insert(fields, '=layout')
         table.insert(fields, LAYOUT)
       end
-      -- As finish() in _lib.lua: the keys' expiry moves SLACK_US ahead at a time.
-      local covered, move = coverage(tonumber(r[5] or '0'), expires)
-      if move then
-        table.insert(fields, '=exp')
-        table.insert(fields, fmt(covered))
-      end
-      redis.call('HSET', KEYS[1], unpack(fields))
-      if move then
-        local at = expiry_at(covered)
-        redis.call('PEXPIREAT', KEYS[1], at)
-        if r[14] == '1' then redis.call('PEXPIREAT', KEYS[2], at) end
-      end
+      write_name(fields, tonumber(r[5] or '0'), expires, r[14] == '1')
       return {1, token, now, expires, now, -1, -1, '', '', ''}
     end
   end

@@ -56,17 +56,7 @@ do
           if ix then redis.call('HDEL', KEYS[1], 'w:' .. w) end
           local fields = {'=hn', #w .. ':' .. w, '=hr', #rec .. ':' .. rec, '=last', last,
                           '=n', fmt(waiting - 1)}
-          local covered, move = coverage(tonumber(r[5] or '0'), until_us)
-          if move then
-            table.insert(fields, '=exp')
-            table.insert(fields, fmt(covered))
-          end
-          redis.call('HSET', KEYS[1], unpack(fields))
-          if move then
-            local at_ms = expiry_at(covered)
-            redis.call('PEXPIREAT', KEYS[1], at_ms)
-            if r[14] == '1' then redis.call('PEXPIREAT', KEYS[2], at_ms) end
-          end
+          write_name(fields, tonumber(r[5] or '0'), until_us, r[14] == '1')
           return 1
         end
         if m then redis.call('ZADD', KEYS[2], popped[2], m) end -- as it was: the library goes on

@@ -50,3 +50,20 @@ local function read_name(holder)
   refuse_layout(r[8], r[5])
   return r
 end
+
+-- A fast path's write of the name's record (_fast_*.lua): HSET `fields`, and, as finish() in
+-- _lib.lua does, move the keys' expiry SLACK_US ahead when an entry expiring at `newest`
+-- outruns the coverage read as "=exp" (`exp`); `line`: L exists ("=l" read as "1").
+local function write_name(fields, exp, newest, line)
+  local covered, move = coverage(exp, newest)
+  if move then
+    table.insert(fields, '=exp')
+    table.insert(fields, fmt(covered))
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
+  if move then
+    local at = expiry_at(covered)
+    redis.call('PEXPIREAT', KEYS[1], at)
+    if line then redis.call('PEXPIREAT', KEYS[2], at) end
+  end
+end
