@@ -308,7 +308,6 @@ def test_threads_that_ask_at_once_share_one_listener(server: RedisProcess) -> No
     try:
         connection: Any = client.backend.connection  # type: ignore[attr-defined]
         for _ in range(20):
-            connection._listener = None
             connection._listeners.clear()
             barrier = threading.Barrier(8)
             got: list[object] = []

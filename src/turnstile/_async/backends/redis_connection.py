@@ -140,10 +140,7 @@ class AsyncRedisConnection:
         self._blocking_nodes: dict[tuple[str, int], Any] = {}
         self._queues: AsyncRedisQueueBackend | None = None
         # The subscriber connection that wakes this client's lock waiters (made on first
-        # need, per process: see listener).
-        self._listener: AsyncRedisListener | None = None
-        self._listener_generation = forks.generation()
-        # The one listener of each process (by fork generation): see listener.
+        # need): one per process, by fork generation (see listener).
         self._listeners: dict[int, AsyncRedisListener] = {}
         # Until when operations keep retrying a server that refuses connections (see run).
         self._away_until: float | None = None
@@ -170,9 +167,9 @@ class AsyncRedisConnection:
     def listener(self) -> AsyncRedisListener:
         """The subscriber connection of this client (not started until a waiter needs it).
         A forked child gets its own: the parent's connection and thread are not its."""
-        listener = self._listener
         generation = forks.generation()
-        if listener is None or self._listener_generation != generation:
+        listener = self._listeners.get(generation)
+        if listener is None:
             # Threads that get here at once agree on one listener (dict.setdefault is
             # atomic): a second one would open a second subscriber connection that close()
             # never closes. A listener that has not read yet has no connection to drop.
@@ -181,7 +178,6 @@ class AsyncRedisConnection:
                 inherited = self._listeners.pop(other, None)
                 if inherited is not None:
                     forks.abandon(inherited)  # a forked child: the parent's
-            self._listener, self._listener_generation = listener, generation
         return listener
 
     async def listening(self) -> AsyncRedisListener:
@@ -432,10 +428,9 @@ class AsyncRedisConnection:
             raise self.unavailable("PING", exc) from exc
 
     async def close(self) -> None:
-        listener, self._listener = self._listener, None
-        self._listeners.clear()
-        if listener is not None:
-            if self._listener_generation == forks.generation():
+        listeners, self._listeners = self._listeners, {}
+        for generation, listener in listeners.items():
+            if generation == forks.generation():
                 await listener.close()
             else:
                 forks.abandon(listener)  # a forked child: the parent's

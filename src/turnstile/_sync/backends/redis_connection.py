@@ -141,10 +141,7 @@ class RedisConnection:
         self._blocking_nodes: dict[tuple[str, int], Any] = {}
         self._queues: RedisQueueBackend | None = None
         # The subscriber connection that wakes this client's lock waiters (made on first
-        # need, per process: see listener).
-        self._listener: RedisListener | None = None
-        self._listener_generation = forks.generation()
-        # The one listener of each process (by fork generation): see listener.
+        # need): one per process, by fork generation (see listener).
         self._listeners: dict[int, RedisListener] = {}
         # Until when operations keep retrying a server that refuses connections (see run).
         self._away_until: float | None = None
@@ -171,9 +168,9 @@ class RedisConnection:
     def listener(self) -> RedisListener:
         """The subscriber connection of this client (not started until a waiter needs it).
         A forked child gets its own: the parent's connection and thread are not its."""
-        listener = self._listener
         generation = forks.generation()
-        if listener is None or self._listener_generation != generation:
+        listener = self._listeners.get(generation)
+        if listener is None:
             # Threads that get here at once agree on one listener (dict.setdefault is
             # atomic): a second one would open a second subscriber connection that close()
             # never closes. A listener that has not read yet has no connection to drop.
@@ -182,7 +179,6 @@ class RedisConnection:
                 inherited = self._listeners.pop(other, None)
                 if inherited is not None:
                     forks.abandon(inherited)  # a forked child: the parent's
-            self._listener, self._listener_generation = listener, generation
         return listener
 
     def listening(self) -> RedisListener:
@@ -432,10 +428,9 @@ class RedisConnection:
             raise self.unavailable("PING", exc) from exc
 
     def close(self) -> None:
-        listener, self._listener = self._listener, None
-        self._listeners.clear()
-        if listener is not None:
-            if self._listener_generation == forks.generation():
+        listeners, self._listeners = self._listeners, {}
+        for generation, listener in listeners.items():
+            if generation == forks.generation():
                 listener.close()
             else:
                 forks.abandon(listener)  # a forked child: the parent's
