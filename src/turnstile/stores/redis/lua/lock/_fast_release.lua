@@ -17,13 +17,14 @@ do
       local now = mine == token and server_us()
       r.now = now -- the library's clock for this step, if it goes on (begin() in _lib.lua)
       local waiting = tonumber(r[11] or '0')
-      if now and tonumber(expires) > now and waiting == 0 then
+      local live = now and tonumber(expires) > now -- the caller's own lease, not expired
+      if live and waiting == 0 then
         redis.call('HSET', KEYS[1], '=hn', '', '=hr', '')
         return 1
       end
       -- A plain lock's hand-over: every entry in line is live ("=wdue", a lower bound on
       -- their expiries, is ahead), so the front one is granted.
-      if now and tonumber(expires) > now and r[2] == '1' and r[8] == LAYOUT
+      if live and r[2] == '1' and r[8] == LAYOUT
           and r[12] and tonumber(r[12]) > now then
         local popped = redis.call('ZPOPMIN', KEYS[2], 1)
         local m = popped[1]
