@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from turnstile.demo import DEFAULT_EVENTS as DEMO_EVENTS
 from turnstile.demo import Webhook, arrival_schedule
@@ -163,6 +163,18 @@ def _handover_job(
     return grants
 
 
+R = TypeVar("R", "HandoverResult", "WebhookResult")
+
+
+def _median_trial(trials: list[R], value: Callable[[R], float], nan_as: float) -> R:
+    """The trial of median ``value`` (the lower one of an even count; NaN counts as
+    ``nan_as``), with every trial's value in its ``trials``."""
+    ranked = sorted(trials, key=lambda r: nan_as if math.isnan(value(r)) else value(r))
+    chosen = ranked[(len(ranked) - 1) // 2]
+    chosen.trials = [value(r) for r in trials]
+    return chosen
+
+
 # run_handover: a lock slower than this (p50 gap, ms) in its first trial runs no more trials.
 REPEAT_BELOW_MS = 10.0
 
@@ -219,16 +231,8 @@ def run_handover(
                     **metrics,
                 )
             )
-    results = []
-    for c in contenders:
-        # NaN (no hand-over to another process) sorts as the slowest.
-        ranked = sorted(
-            runs[c.label], key=lambda r: math.inf if math.isnan(r.gap_p50_ms) else r.gap_p50_ms
-        )
-        chosen = ranked[(len(ranked) - 1) // 2]
-        chosen.trials = [r.gap_p50_ms for r in runs[c.label]]
-        results.append(chosen)
-    return results
+    # NaN (no hand-over to another process) sorts as the slowest.
+    return [_median_trial(runs[c.label], lambda r: r.gap_p50_ms, math.inf) for c in contenders]
 
 
 # -- webhooks by lock --------------------------------------------------------------------------
@@ -428,16 +432,8 @@ def run_webhooks(
                     **webhook_metrics(handled, fifo_tolerance),
                 )
             )
-    results = []
-    for c in contenders:
-        # NaN (failed webhooks) sorts as the worst efficiency.
-        ranked = sorted(
-            runs[c.label], key=lambda r: -1.0 if math.isnan(r.efficiency) else r.efficiency
-        )
-        chosen = ranked[(len(ranked) - 1) // 2]
-        chosen.trials = [r.efficiency for r in runs[c.label]]
-        results.append(chosen)
-    return results
+    # NaN (failed webhooks) sorts as the worst efficiency.
+    return [_median_trial(runs[c.label], lambda r: r.efficiency, -1.0) for c in contenders]
 
 
 # -- webhooks by queue, queue throughput -------------------------------------------------------
