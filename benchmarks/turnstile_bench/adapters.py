@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 TTL = 30.0  # every Redis peer's lock expiry, so none of them expires mid-run
+# How many times a worker runs its lock's paths before the start line (LockAdapter.warm_up):
+# a worker that has been running has done so many times. On PostgreSQL a server connection
+# compiles a function at its first call and plans each statement at its first run (psycopg
+# prepares a peer's statement at its fifth), and a client may use more than one connection.
+WARM_UP_ROUNDS = 3
 
 
 # -- the interface -----------------------------------------------------------------------------
@@ -48,9 +53,11 @@ class LockAdapter:
     def warm_up(self, name: str) -> None:
         """Called once on a private ``name`` before the start line: leave the adapter as a
         worker that has been running for a while leaves it (connections open, scripts
-        loaded, files created). By default one :meth:`acquire` and :meth:`release`."""
-        self.acquire(name)
-        self.release()
+        loaded, statements planned, files created). By default :meth:`acquire` and
+        :meth:`release`, ``WARM_UP_ROUNDS`` times."""
+        for _ in range(WARM_UP_ROUNDS):
+            self.acquire(name)
+            self.release()
 
     def close(self) -> None:
         """Called once when the worker is done (close connections)."""
@@ -118,29 +125,57 @@ class TurnstileLock(LockAdapter):
         log.propagate = False
 
     def warm_up(self, name: str) -> None:
-        """An acquire and release, then one wait: a second thread asks for ``name`` while it
-        is held and is handed it on release. A Turnstile client opens its wake-up channel
-        (the Redis subscriber connection, the PostgreSQL LISTEN connection) on its first
-        wait; a worker that has waited once has it open, as the peers' single
-        connection is after their warm-up."""
-        super().warm_up(name)
-        held = self._client.lock(name, ttl=self._ttl).acquire()
+        """``WARM_UP_ROUNDS`` rounds, each on a name of its own (the first acquire of a name
+        the client has not seen, then of one it has): an acquire and release, then two
+        hand-overs, one waited for by a second thread and one by this thread. A Turnstile
+        client opens its wake-up channel (the Redis subscriber connection, the PostgreSQL
+        LISTEN connection) on its first wait, and on PostgreSQL each of its pooled
+        connections compiles the functions of a busy name's steps (joining the line, the
+        release that grants) at their first call there: a worker that has been running has
+        done both, as the peers' single connection is warm after their warm-up."""
+        for round_ in range(WARM_UP_ROUNDS):
+            warm = f"{name}-{round_}"
+            self._client.lock(warm, ttl=self._ttl).acquire().release()
+            self._hand_over(warm, wait_here=False)
+            self._hand_over(warm, wait_here=True)
+
+    def _hand_over(self, name: str, wait_here: bool) -> None:
+        """One hand-over of ``name`` between this thread and a second one: the waiter asks
+        while the other holds, and is handed it on release."""
+        held: list[Any] = []
         done: list[Any] = []
+
+        def hold() -> None:
+            held.append(self._client.lock(name, ttl=self._ttl).acquire())
 
         def wait() -> None:
             self._client.lock(name, ttl=self._ttl).acquire(timeout=30).release()
             done.append(True)
 
-        waiter = threading.Thread(target=wait, daemon=True)
-        waiter.start()
+        if wait_here:
+            holder = threading.Thread(target=hold, daemon=True)
+            holder.start()
+            holder.join(30)
+            releaser = threading.Thread(target=self._release_once_waited, args=(name, held))
+            releaser.start()
+            wait()
+            releaser.join(30)
+        else:
+            hold()
+            waiter = threading.Thread(target=wait, daemon=True)
+            waiter.start()
+            self._release_once_waited(name, held)
+            waiter.join(30)
+        if not done:
+            raise RuntimeError(f"warm-up: the waiter on {name!r} was not handed the lock")
+
+    def _release_once_waited(self, name: str, held: list[Any]) -> None:
+        """Release the lease in ``held`` once ``name`` has a waiter (at most 30 s on)."""
         lock = self._client.lock(name, ttl=self._ttl)
         deadline = time.monotonic() + 30
         while not lock.status().waiters and time.monotonic() < deadline:
             time.sleep(0.005)
-        held.release()
-        waiter.join(30)
-        if not done:
-            raise RuntimeError(f"warm-up: the waiter on {name!r} was not handed the lock")
+        held[0].release()
 
     def acquire(self, name: str) -> None:
         self.queued_at = math.nan

@@ -1,6 +1,6 @@
--- Turnstile's PostgreSQL schema as it is now (version 17): every table, index and function,
+-- Turnstile's PostgreSQL schema as it is now (version 18): every table, index and function,
 -- each in its current version. Read this file to see what a schema holds; the migrations
--- (migrations/0001..0017) are how a schema gets there and stay as deployed databases applied
+-- (migrations/0001..0018) are how a schema gets there and stay as deployed databases applied
 -- them. A new schema is still made by running the migrations in order (see sql.py), and
 -- tests/stores/postgres/test_schema.py checks that this file makes exactly the same schema
 -- (tables, columns, indexes, constraints and the text of every function).
@@ -533,6 +533,7 @@ CREATE FUNCTION __SCHEMA__.acquire(
     OUT retry_after double precision, OUT wait_id bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_id bigint;
@@ -772,6 +773,7 @@ CREATE FUNCTION __SCHEMA__.release(
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_id bigint;
@@ -883,6 +885,7 @@ CREATE FUNCTION __SCHEMA__.renew(
     OUT renewed boolean, OUT acquired_at double precision, OUT expires_at double precision)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_id bigint;
@@ -918,6 +921,7 @@ CREATE FUNCTION __SCHEMA__.set_limit(
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_id bigint;
@@ -962,6 +966,7 @@ CREATE FUNCTION __SCHEMA__.acquire_callback(
     OUT retry_after double precision)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_id bigint;
@@ -1131,6 +1136,7 @@ CREATE FUNCTION __SCHEMA__.settle_delivery(
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_id bigint;
@@ -1200,6 +1206,7 @@ CREATE FUNCTION __SCHEMA__.status(
     OUT holder_keys json, OUT waiter_keys json)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_id bigint;
