@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
-import logging
 import math
 import os
 import secrets
@@ -63,9 +62,6 @@ class UncontendedResult:
 
 def _uncontended_job(adapter: LockAdapter, args: tuple[str, int, float], go: float) -> Any:
     name, iterations, max_seconds = args
-    # Nothing waits here, so nothing needs TurnstileLock's queue confirmations, which it reads
-    # from Turnstile's DEBUG log: an application logging at INFO pays for no log records.
-    logging.getLogger("turnstile.lock.acquire").setLevel(logging.INFO)
     latencies: list[float] = []
     clock = time.monotonic
     stop = go + max_seconds
