@@ -32,7 +32,7 @@ def test_a_child_closing_its_inherited_client_leaves_the_parent_connected(pg_url
 
     try:
         listener = client.backend.listener  # type: ignore[attr-defined]
-        listener.start()
+        listener.connect(10.0)
         deadline = time.monotonic() + 10
         while not listener.up:
             assert time.monotonic() < deadline, "the LISTEN connection never came up"

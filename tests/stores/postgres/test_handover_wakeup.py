@@ -53,7 +53,7 @@ def test_the_wakeup_hands_over_the_grant(pg_url: str, renew: bool) -> None:
         with psycopg.connect(pg_url.split("?")[0], autocommit=True) as ears:
             ears.execute(f"LISTEN {pg.quote_ident(holder.backend.config.channel)}")  # type: ignore[attr-defined]
             listener = bystander.backend.listener  # type: ignore[attr-defined]
-            listener.start()
+            listener.connect(10.0)
             wait_for(lambda: listener.up, "the bystander's LISTEN connection")
             ears.execute(f"LISTEN {pg.quote_ident(listener.channel)}")
 
@@ -61,7 +61,7 @@ def test_the_wakeup_hands_over_the_grant(pg_url: str, renew: bool) -> None:
             # very first wait steps once more: the step that put it in line was made before
             # it listened, so a hand-over in between may have gone unheard.)
             ears_of_waiter = waiter.backend.listener  # type: ignore[attr-defined]
-            ears_of_waiter.start()
+            ears_of_waiter.connect(10.0)
             wait_for(lambda: ears_of_waiter.up, "the waiter's LISTEN connection")
 
             out: dict[str, Any] = {}

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.postgres
 
 def _listening(client: turnstile.Client) -> Any:
     listener = client.backend.listener  # type: ignore[attr-defined]
-    listener.start()
+    listener.connect(10.0)
     wait_for(lambda: listener.up, "the LISTEN connection never came up")
     return listener
 

@@ -1,6 +1,7 @@
-"""The LISTEN connection: when it drops, waiters are woken to re-check and it reconnects, so a
-hand-over whose NOTIFY was lost still reaches its waiter at once; without any LISTEN
-connection (listen=off, or an unreachable listen_url) waiters poll with a short backoff."""
+"""The LISTEN connection: when it drops, waiters are woken to re-check and a waiter makes it
+again, so a hand-over whose NOTIFY was lost still reaches its waiter at once; without any
+LISTEN connection (listen=off, or an unreachable listen_url) waiters poll with a short
+backoff."""
 
 from __future__ import annotations
 
@@ -80,7 +81,19 @@ def test_dropped_listen_connection(
         # or by the polls (at most POLL_MAX apart) while the connection is down; slack for a
         # busy machine.
         assert out["at"] - released < POLL_MAX + 2.0, out["at"] - released
+        # Nobody reads the LISTEN connection while nobody waits: the next waiter makes it
+        # again (if the last one did not), and is woken on it.
+        assert holder_client.lock(name, ttl=30).try_acquire("second").acquired
+        again: dict[str, Any] = {}
+        thread = _blocked_acquire(client.lock(name, ttl=30), again)
         _wait_for(lambda: listener.connects == 2 and listener.up, "no reconnection")
+        _wait_for(lambda: holder_client.lock(name).status().waiters, "no second waiter")
+        time.sleep(0.1)  # (its step named the channel: it listens again)
+        released = time.monotonic()
+        assert holder_client.lock(name).release("second")
+        thread.join(30)
+        assert "error" not in again, again.get("error")
+        assert again["at"] - released < 2.0, again["at"] - released
     finally:
         client.close()
         holder_client.close()
@@ -126,8 +139,8 @@ def test_waiters_without_listen_poll(
 async def test_async_listener_reconnects(
     pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The async flavour: the LISTEN task survives a dropped connection; a waiter blocked in
-    ``await lock.acquire()`` still gets the hand-over at once."""
+    """The async flavour: a dropped LISTEN connection is made again by a waiting task; a
+    waiter blocked in ``await lock.acquire()`` still gets the hand-over at once."""
     import asyncio
 
     monkeypatch.setattr(timing, "MAX_BLOCKING_WAIT_TTL", 30.0)  # heartbeat 10 s apart (below)
@@ -155,11 +168,16 @@ async def test_async_listener_reconnects(
         # Far sooner than the waiter's heartbeat (10 s here), with slack for a busy machine.
         assert time.monotonic() - released < POLL_MAX + 2.0
         await lease.release()
-        for _ in range(500):
+        # The next waiter makes the LISTEN connection again (nobody reads it meanwhile).
+        assert (await holder_client.lock(name, ttl=30).try_acquire("second")).acquired
+        waiting = asyncio.ensure_future(client.lock(name, ttl=30).acquire(timeout=30))
+        for _ in range(2000):
             if listener.connects >= 2 and listener.up:
                 break
             await asyncio.sleep(0.01)
         assert listener.connects >= 2 and listener.up
+        assert await holder_client.lock(name).release("second")
+        await (await asyncio.wait_for(waiting, 30)).release()
     finally:
         await client.close()
         await holder_client.close()

@@ -6,6 +6,14 @@ payload; the client's listener hands the payload to the local waiter it names, b
 Whatever the store, a client keeps one such connection however many waiters it has, and
 every waiter knows whether a wake-up for it may have gone unheard (the connection down,
 reconnecting, or not yet up when its step was made), in which case it looks again at once.
+
+No thread or task of its own reads the connection: the waiters take turns at it. One waiter
+at a time reads (blocking in the read, in slices of at most ``READ_SLICE``), hands each
+payload to the waiter it names, and when it is done waiting offers the turn to another waiter
+that is waiting. So the waiter a hand-over is for is usually the one reading, and it holds the
+grant the moment the payload arrives: no second thread (or task) to wake on the hand-over's
+path. Payloads that come while nobody waits stay in the connection until the next waiter
+reads them, and the connection is made again, after a failure, by the next waiter that reads.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from ..._core.notes import Notes
 from ..._core.records import Grant
 from .. import _compat
 
-# The sync listening thread looks at its stop flag this often (the async task is cancelled).
-LISTEN_TICK = 0.25
+# The longest one waiter reads the connection at a time (see _compat: the async flavour
+# reads in short slices, so that a cancelled waiter stops reading soon).
+READ_SLICE = _compat.LISTEN_READ_SLICE
 # A listening connection that has been silent this long is checked with a round trip.
 LISTEN_PING = 15.0
 RECONNECT_MIN = 0.05
@@ -50,12 +59,12 @@ class AsyncWakeListener:
     reconnecting, an early one evicted) moves :attr:`_epoch` on; a waiter whose step was
     made at another epoch, or while the connection was not up, re-checks at once.
 
-    A store's subclass gives :meth:`_session` (connect, listen, call :meth:`_listening`
-    once listening, then pass each payload to :meth:`_dispatch` until stopped or failed),
-    :meth:`_split` (a payload's wake key), and :meth:`_describe` (an error as the log may
-    show it: no secret); its waiters, :meth:`AsyncWakeWaiter._parse`."""
-
-    thread_name = "turnstile-listen"
+    A store's subclass gives :attr:`started` (whether it has a connection), :meth:`_read`
+    (with the turn: make the connection if there is none, calling :meth:`_listening` once
+    it listens, else read for a while, passing each payload to :meth:`_dispatch`; on a
+    failure, drop the connection, calling :meth:`_down`), :meth:`close`, :meth:`_split` (a
+    payload's wake key), and :meth:`_describe` (an error as the log may show it: no
+    secret); its waiters, :meth:`AsyncWakeWaiter._parse`."""
 
     def __init__(self, display: str, log: logging.Logger) -> None:
         self._display = display  # the store as the log shows it (no secret)
@@ -68,13 +77,21 @@ class AsyncWakeListener:
         self._epoch = 0
         self._lock = threading.Lock()
         self._ready = _compat.Event()
-        self._tried = _compat.Event()  # the first connection attempt has ended, either way
         self._stop = _compat.Event()
-        self._handle: _compat.Handle | None = None
+        self._turn = threading.Lock()  # held by the waiter reading the connection
+        self._retry_at = 0.0  # after a failure, no new connection before this
         self.connects = 0  # successful starts of listening so far (tests and diagnostics)
 
     # -- what a store's subclass gives ---------------------------------------------------
-    async def _session(self) -> None:
+    @property
+    def started(self) -> bool:
+        """Whether this client has its listening connection (up, or being made)."""
+        raise NotImplementedError
+
+    async def _read(self, seconds: float, until: _compat.Event | None) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
         raise NotImplementedError
 
     def _split(self, payload: str) -> tuple[str, str]:
@@ -91,23 +108,48 @@ class AsyncWakeListener:
         """Whether it listens right now: a hand-over announced now will reach us."""
         return self._ready.is_set()
 
-    @property
-    def started(self) -> bool:
-        """Whether this client listens (or is trying to)."""
-        return self._handle is not None
-
-    def start(self) -> bool:
-        """Start the listening task/thread if it is not running. True if this call did."""
-        with self._lock:
-            if self._handle is not None or self._stop.is_set():
-                return False
-            self._handle = _compat.spawn(self._run, self.thread_name)
-            return True
-
-    async def wait_first_attempt(self, within: float) -> bool:
-        """Wait until the first connection attempt succeeded or failed; True if up."""
-        await _compat.wait_event(self._tried, within)
+    async def connect(self, within: float) -> bool:
+        """Have the listening connection up: make it if nobody is (waiting at most
+        ``within`` for another waiter making it). One attempt: after a failure, waiters poll
+        until a later reader's attempt succeeds. True if it is up."""
+        deadline = time.monotonic() + within
+        while not self.up and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if await self.read(min(left, READ_SLICE)):
+                break  # this waiter had the turn: it made its attempt (or waits out a pause)
+            await _compat.sleep(min(left, 0.01))  # another waiter reads, or is connecting
         return self.up
+
+    async def read(self, seconds: float, until: _compat.Event | None = None) -> bool:
+        """Take the turn if it is free and read for at most ``seconds`` (making the
+        connection first if there is none), handing each payload to its waiter, and no
+        further once ``until`` is set (the reader's own wake-up came). False if another
+        waiter has the turn."""
+        if not self._turn.acquire(blocking=False):
+            return False
+        try:
+            # A read cut short (a cancelled waiter) would leave the connection mid-reply:
+            # it runs to its end first, then the cancellation goes on.
+            await _compat.finish_then_cancel(self._read(seconds, until))  # unasync: async-only
+            # unasync: sync-only
+            # self._read(seconds, until)
+            # unasync: end
+        finally:
+            self._turn.release()
+        return True
+
+    def offer_turn(self, leaving: AsyncWakeWaiter) -> None:
+        """``leaving`` stops reading: another waiter of this client that is waiting, if
+        there is one, takes the turn (it may be waiting for a payload that only a reader
+        will see). A waiter not in a wait now (a queue's spare) is never offered it."""
+        with self._lock:
+            for waiters in self._registry.values():
+                for waiter in waiters:
+                    if waiter is not leaving and waiter.waiting:
+                        waiter.offer()
+                        return
 
     def mark(self) -> int | None:
         """Taken before a step that names this client's channel: ``register`` can then tell
@@ -180,13 +222,12 @@ class AsyncWakeListener:
             waiter.deliver("")
 
     def _listening(self) -> None:
-        """Called by :meth:`_session` once it listens: hand-overs announced while it did not
+        """Called by :meth:`_read` once it listens: hand-overs announced while it did not
         were not heard, so every waiter re-checks."""
         self.connects += 1
         with self._lock:
             self._epoch += 1
             self._ready.set()
-        self._tried.set()
         self._delay = RECONNECT_MIN
         if self._complained:
             self._log.warning("listening connection to %s is back", self._display)
@@ -206,45 +247,31 @@ class AsyncWakeListener:
         )
         self._complained = True
 
+    def _failed_now(self, exc: BaseException) -> None:
+        """A failure while reading or connecting (the connection is dropped meanwhile):
+        logged unless closing, and no new attempt before the reconnect delay."""
+        if not self._stop.is_set():
+            self._failed(exc)
+        self._retry_at = time.monotonic() + self._delay
+        self._delay = min(self._delay * 2, RECONNECT_MAX)
+
     def _down(self) -> None:
         """It no longer listens: a hand-over announced from now on may go unheard, so every
         waiter re-checks (and polls until it listens again)."""
-        self._tried.set()
         if self._ready.is_set():
             with self._lock:
                 self._epoch += 1
                 self._ready.clear()
             self._wake_all()
 
-    async def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                await self._session()
-            except Exception as exc:
-                if not self._stop.is_set():
-                    self._failed(exc)
-            finally:
-                self._down()
-            if await _compat.wait_event(self._stop, self._delay):
-                return
-            self._delay = min(self._delay * 2, RECONNECT_MAX)
-
-    async def close(self) -> None:
-        self._stop.set()
-        with self._lock:
-            handle = self._handle
-        if handle is not None:
-            handle.cancel()  # unasync: async-only
-            await _compat.join(handle)
-        self._wake_all()
-
 
 class AsyncWakeWaiter:
     """Woken by the payload that hands it the grant, and keeps the grant it carried (see
-    :meth:`handed`); polls with a backoff while there is no working listening connection
-    (``listen=off`` on PostgreSQL, or the connection is down). ``since``: see
-    :meth:`AsyncWakeListener.register` (a lock waiter armed after its step). A store's
-    subclass reads its grants (:meth:`_parse`)."""
+    :meth:`handed`), reading its client's listening connection itself when its turn comes
+    (see :class:`AsyncWakeListener`); polls with a backoff while there is no working
+    listening connection (``listen=off`` on PostgreSQL, or the connection is down).
+    ``since``: see :meth:`AsyncWakeListener.register` (a lock waiter armed after its step).
+    A store's subclass reads its grants (:meth:`_parse`)."""
 
     log = logging.getLogger("turnstile")
 
@@ -262,10 +289,14 @@ class AsyncWakeWaiter:
         self._holder = holder
         self._event = _compat.Event()
         self._pause = POLL_MIN
+        self._woken = False  # a wake-up (or a re-check) came, not just the turn to read
+        self._offered = False  # the turn to read was offered to this waiter
+        self.waiting = False  # in wait() now: the only waiters offered the turn
         # Grants carried by wake-ups, by the waiting entry (seq) they were made for: one made
         # for an earlier wait of the same (name, holder) must never be taken for this one.
         self._handed: dict[int, Grant] = {}
         if listener is not None and listener.register(key, self, since):
+            self._woken = True
             self._event.set()  # a wake-up since the step may be missing: look again at once
 
     def _parse(self, grant: str) -> tuple[int, Grant] | None:
@@ -285,6 +316,12 @@ class AsyncWakeWaiter:
                 self.log.warning("ignoring a malformed wake-up payload %r", grant[:80])
             else:
                 self._handed[found[0]] = found[1]
+        self._woken = True
+        self._event.set()
+
+    def offer(self) -> None:
+        """The turn to read is free: take it if still waiting (not a wake-up)."""
+        self._offered = True
         self._event.set()
 
     def handed(self, wait_id: int) -> Grant | None:
@@ -292,21 +329,62 @@ class AsyncWakeWaiter:
         return self._handed.pop(wait_id, None)
 
     async def wait(self, timeout: float) -> bool:
+        """Until woken (True: a wake-up or a re-check came) or ``timeout`` passes, reading
+        the listening connection whenever the turn is free; True early, too, after a poll's
+        pause while there is no listening connection."""
         listener = self._listener
-        if listener is not None and listener.up:
-            self._pause = POLL_MIN
-            woken = await _compat.wait_event(self._event, timeout)
-        else:
-            pause = min(timeout, self._pause)
-            self._pause = min(self._pause * 2, POLL_MAX)
-            woken = await _compat.wait_event(self._event, pause) or pause < timeout
+        if listener is None:
+            return await self._poll(timeout)
+        deadline = time.monotonic() + timeout
+        read = False
+        self.waiting = True
+        try:
+            while True:
+                if self._event.is_set():
+                    self._event.clear()
+                    if self._offered:
+                        self._offered = False
+                        read = True  # if it goes unused, it is offered on (finally)
+                    if self._woken:
+                        self._woken = False
+                        return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                got = await listener.read(min(left, READ_SLICE), self._event)
+                read = read or got
+                if not listener.up:
+                    # No listening connection (it failed, and is made again when its pause
+                    # is over): look again with a step now and then (a few times a second),
+                    # as no wake-up can be heard meanwhile.
+                    return await self._poll(left)
+                self._pause = POLL_MIN
+                if not got:
+                    # Another waiter reads: it sets our event when a payload is ours, or
+                    # when it stops reading (the turn is offered to one waiting waiter).
+                    await _compat.wait_event(self._event, left)
+        finally:
+            self.waiting = False
+            if read:
+                listener.offer_turn(self)
+
+    async def _poll(self, timeout: float) -> bool:
+        """Without a listening connection: a pause (doubling up to POLL_MAX), then True so
+        that the caller looks again with a step (or at once when woken)."""
+        pause = min(timeout, self._pause)
+        self._pause = min(self._pause * 2, POLL_MAX)
+        woken = await _compat.wait_event(self._event, pause) or pause < timeout
         self._event.clear()
+        self._woken = False
         return woken
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.unregister(self._key, self)
+        listener = self._listener
+        if listener is not None:
+            listener.unregister(self._key, self)
             self._listener = None
+            if self._offered:
+                listener.offer_turn(self)  # offered, never taken: on to another waiter
 
 
 class WakeMarks:

@@ -316,12 +316,13 @@ class PostgresConnection:
 
     def listening(self) -> Listener | None:
         """The LISTEN connection that wakes this client's waiters (None: ``listen=off``,
-        waiters poll), started by the first waiter of this client, which gives it a moment
-        to come up. Until it is up, waiters poll (and are all woken when it comes up)."""
+        waiters poll), made by the first waiter of this client that finds none, which gives
+        it a moment to come up (read by the waiters in turns: postgres_listen.py). Until it
+        is up, waiters poll (and are all woken when it comes up)."""
         self.check_fork()
         listener = self.listener
-        if listener is not None and listener.start():
-            listener.wait_first_attempt(min(LISTEN_START_WAIT, self.config.connect_timeout))
+        if listener is not None and not listener.started:
+            listener.connect(min(LISTEN_START_WAIT, self.config.connect_timeout))
         return listener
 
     def close(self) -> None:

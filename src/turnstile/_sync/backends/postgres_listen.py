@@ -4,6 +4,12 @@ and blocked queue consumers alike): a NOTIFY payload names one waiter by its wak
 (:func:`~turnstile.stores.postgres.sql.wake_key`) and, for a lock hand-over, carries the
 grant. What every store's listener does (waiters, early wake-ups, epochs, reconnecting) is
 in ``wakeups.py``.
+
+The waiters read that connection in turns (``wakeups.py``): the waiter a hand-over is for is
+usually the one reading, and holds the grant the moment the notification arrives, with no
+thread of the client's to wake in between. Notifications that come while nobody waits stay
+in the connection until the next waiter reads them (a client's channel is named only by its
+own waiting entries, so few come then).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import socket
 import time
 from typing import Any
 
@@ -18,12 +25,12 @@ from psycopg import Connection
 
 from ..._core.records import Grant
 from ...stores.postgres import sql as pg
+from .. import _compat
 from .wakeups import (
     ARMED_FIRST,
     EARLY_MAX,
     LISTEN_PING,
     LISTEN_START_WAIT,
-    LISTEN_TICK,
     POLL_MAX,
     WakeListener,
     WakeWaiter,
@@ -40,15 +47,15 @@ __all__ = [
 
 log = logging.getLogger("turnstile.postgres")
 
+# How long closing a client waits for a waiter reading the LISTEN connection to let go.
+CLOSE_WAIT = 2.0
+
 
 class Listener(WakeListener):
-    """The one LISTEN connection of a client, dispatching NOTIFY payloads to local waiters.
-
-    It listens on two channels: the client's own (:attr:`channel`, random, named by this
-    client's waiting entries: lock hand-overs, with the grant in the payload) and the schema's
-    (queue wake-ups, and lock waiters that joined through an older release's function)."""
-
-    thread_name = "turnstile-postgres-listen"
+    """LISTEN on two channels, on a connection of its own, read by the waiters in turns: the
+    client's own (:attr:`channel`, random, named by this client's waiting entries: lock
+    hand-overs, with the grant in the payload) and the schema's (queue wake-ups, and lock
+    waiters that joined through an older release's function)."""
 
     def __init__(self, config: pg.PostgresConfig) -> None:
         assert config.listen_conninfo is not None
@@ -56,35 +63,106 @@ class Listener(WakeListener):
         self._config = config
         self._conninfo = config.listen_conninfo
         self.channel = pg.client_channel(secrets.token_hex(16))
+        self._conn: Connection[Any] | None = None
+        self._quiet_since = 0.0
+
+    @property
+    def started(self) -> bool:
+        return self._conn is not None
 
     def _describe(self, exc: BaseException) -> str:
         return pg.describe(exc, self._config)
 
-    def _session(self) -> None:
-        conn: Connection[Any] | None = None
+    def _read(self, seconds: float, until: _compat.Event | None) -> None:
+        conn = self._conn
         try:
-            conn = Connection.connect(
-                self._conninfo, autocommit=True, prepare_threshold=None
-            )
+            if conn is None:
+                if not self._stop.is_set() and time.monotonic() >= self._retry_at:
+                    self._open()  # (else: closed, or waiting out a failure)
+                return
+            deadline = time.monotonic() + seconds
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                heard = False
+                # stop_after=1: the first batch that arrives, read to its end (a batch left
+                # half-read would lose the rest).
+                for notify in conn.notifies(timeout=left, stop_after=1):
+                    self._dispatch(notify.payload)
+                    heard = True
+                if not heard:
+                    break  # nothing within the slice
+                self._quiet_since = time.monotonic()
+                if until is not None and until.is_set():
+                    break  # the reader's own: it goes at once (the rest stay for the next)
+            if time.monotonic() - self._quiet_since > LISTEN_PING:
+                conn.execute(pg.QUERIES["ping"])  # a connection gone quiet: alive?
+                self._quiet_since = time.monotonic()
+        except Exception as exc:
+            self._drop()
+            self._failed_now(exc)
+
+    def _open(self) -> None:
+        """Connect and LISTEN on both channels: from then on, every notification for this
+        client is kept in the connection until a waiter reads it."""
+        conn = Connection.connect(
+            self._conninfo, autocommit=True, prepare_threshold=None
+        )
+        try:
             for listen in (pg.listen(self.channel), pg.listen(self._config.channel)):
                 conn.execute(listen)
-            self._listening()
-            quiet_since = time.monotonic()
-            while not self._stop.is_set():
-                for notify in conn.notifies(timeout=LISTEN_TICK):
-                    self._dispatch(notify.payload)
-                    quiet_since = time.monotonic()
-                if time.monotonic() - quiet_since > LISTEN_PING:
-                    conn.execute(pg.QUERIES["ping"])
-                    quiet_since = time.monotonic()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
+        self._conn = conn
+        self._quiet_since = time.monotonic()
+        self._listening()  # (which also resets the reconnect delay)
+
+    def _drop(self) -> None:
+        """Close the connection (it failed, or the client closes): no longer listening."""
+        conn, self._conn = self._conn, None
+        self._down()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        # A waiter reading now finds the connection shut under it, and stops (stop set).
+        self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            _shut(conn)
+        # libpq's connection is freed by close(): never under a thread still reading it,
+        # which (its read failing on the shut socket) drops it itself.
+        if not self._turn.acquire(timeout=CLOSE_WAIT):
+            self._wake_all()
+            return
+        try:
+            self._drop()
         finally:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
+            self._turn.release()
+        self._wake_all()
+
+
+def _shut(conn: Any) -> None:
+    """Shut the connection's socket down for reading and writing, so that a waiter blocked
+    reading it (another thread) returns at once, where closing the descriptor under it
+    would leave it blocked until its slice ends."""
+    with contextlib.suppress(Exception):
+        sock = socket.socket(fileno=conn.pgconn.socket)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()  # the descriptor stays libpq's, closed by conn.close()
 
 
 class PostgresWaiter(WakeWaiter):
-    """A lock waiter or blocked queue consumer of a PostgreSQL client."""
+    """A lock waiter or blocked queue consumer of a PostgreSQL client: woken by the
+    notification that names it (for a lock hand-over, carrying its grant: ``seq token
+    acquired_at expires_at``), reading its client's LISTEN connection itself when its turn
+    comes (see :class:`Listener`)."""
 
     log = log
 
