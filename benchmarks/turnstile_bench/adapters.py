@@ -351,12 +351,23 @@ class NotifyRowLock(NaiveRowLock):
     instead of a poll, and release deletes the row and NOTIFYs in one statement. Every waiter on
     the name wakes and they race (no line, so no FIFO); no lease renewal, no fencing token. One
     durable statement per hand-over plus a LISTEN wake-up: about the least any durable lock
-    with push wake-ups can do, which makes it the floor to read Turnstile against."""
+    with push wake-ups can do, which makes it the floor to read Turnstile against.
+    ``relaxed``: its session commits with ``synchronous_commit = off`` (the floor of
+    Turnstile's ``durability=relaxed``)."""
 
-    def __init__(self, url: str, schema: str, expiry: float = 600.0, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        expiry: float = 600.0,
+        timeout: float = 30.0,
+        relaxed: bool = False,
+    ) -> None:
         import psycopg
 
-        super().__init__(url, schema, poll=1.0, expiry=expiry, timeout=timeout)
+        super().__init__(
+            url, schema, poll=1.0, expiry=expiry, timeout=timeout, relaxed=relaxed
+        )
         self._listen = psycopg.connect(url, autocommit=True)
         self._heard: set[str] = set()
 

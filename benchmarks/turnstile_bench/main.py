@@ -163,8 +163,10 @@ class LockBench(Bench):
         contenders: Sequence[Contender],
         sizes: Sizes,
         uncontended: Sequence[Contender] | None = None,
+        webhooks: Sequence[Contender] | None = None,
     ) -> dict[str, Any]:
-        """Uncontended (on ``uncontended``, default all), handover and webhooks."""
+        """Uncontended (on ``uncontended``, default all), handover, and webhooks (on
+        ``webhooks``, default all)."""
         progress("uncontended acquire + release")
         unc = run_uncontended(
             contenders if uncontended is None else uncontended,
@@ -191,11 +193,18 @@ class LockBench(Bench):
                 args.workers,
             ),
         ]
-        webhooks: list[list[WebhookResult]] = []
+        hooks: list[list[WebhookResult]] = []
         for (scenario, workers), trials in zip(scenarios, sizes.webhook_trials, strict=False):
             progress(f"webhooks: {scenario.name}")
-            webhooks.append(run_webhooks(contenders, scenario, workers=workers, trials=trials))
-        return {"uncontended": unc, "handover": handover, "webhooks": webhooks}
+            hooks.append(
+                run_webhooks(
+                    contenders if webhooks is None else webhooks,
+                    scenario,
+                    workers=workers,
+                    trials=trials,
+                )
+            )
+        return {"uncontended": unc, "handover": handover, "webhooks": hooks}
 
 
 def no_overlaps(results: dict[str, Any], only: str = "", rates: bool = True) -> bool:
