@@ -181,3 +181,32 @@ async def test_async_listener_reconnects(
     finally:
         await client.close()
         await holder_client.close()
+
+
+def test_closing_a_client_stops_a_waiter_reading_its_listen_connection(pg_url: str) -> None:
+    """The client's waiters read the LISTEN connection themselves: no listening thread. A
+    waiter blocked reading it (a read lasts up to READ_SLICE) stops at once when the client
+    is closed under it, and frees nothing that the close frees."""
+    from turnstile._sync.backends.wakeups import READ_SLICE
+
+    holder_client = turnstile.connect(pg_url)
+    client = turnstile.connect(pg_url)
+    try:
+        assert holder_client.lock("closing", ttl=30).try_acquire("first").acquired
+        out: dict[str, Any] = {}
+        thread = _blocked_acquire(client.lock("closing", ttl=30), out)
+        listener = client.backend.listener  # type: ignore[attr-defined]
+        _wait_for(lambda: listener.up and holder_client.lock("closing").status().waiters,
+                  "the waiter never listened and joined the line")
+        assert not [t for t in threading.enumerate() if "listen" in t.name]
+        time.sleep(0.2)  # well into its read
+        closing = time.monotonic()
+        client.close()
+        thread.join(30)
+        # Stopped by the shut socket, not at the end of its read slice.
+        assert time.monotonic() - closing < READ_SLICE - 1.0
+        assert isinstance(out.get("error"), turnstile.BackendUnavailable), out
+    finally:
+        client.close()
+        holder_client.lock("closing").release("first")
+        holder_client.close()

@@ -1,0 +1,90 @@
+"""The waiters of a client take turns reading its listening connection (``wakeups.py``): a
+reader that leaves offers the turn to one waiter that is waiting, never to a waiter that is
+registered but not in a wait (a queue's spare), and an offer that goes unused when its
+waiter closes is passed on. No server: the listener's connection is a stand-in that reads
+nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from turnstile._sync import _compat
+from turnstile._sync.backends.wakeups import WakeListener, WakeWaiter
+
+
+class _Listener(WakeListener):
+    """Up at once; a read returns after its slice, or as soon as the reader's event is set."""
+
+    def __init__(self) -> None:
+        super().__init__("test", logging.getLogger("test"))
+        self.readers: list[str] = []
+        self._listening()
+
+    @property
+    def started(self) -> bool:
+        return True
+
+    def _read(self, seconds: float, until: _compat.Event | None) -> None:
+        self.readers.append(threading.current_thread().name)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (until is not None and until.is_set()):
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def test_the_turn_goes_to_a_waiting_waiter_not_to_a_spare() -> None:
+    listener = _Listener()
+    spare = WakeWaiter(listener, "spare")  # registered, never in a wait
+    leaving = WakeWaiter(listener, "leaving")
+    waiting = WakeWaiter(listener, "waiting")
+    waiting.waiting = True
+    listener.offer_turn(leaving)
+    assert waiting._offered and not spare._offered
+    for w in (spare, leaving, waiting):
+        w.close()
+
+
+def test_a_reader_that_leaves_hands_the_turn_on() -> None:
+    """Two waiters: the first reads (the second waits on its event), is woken, and leaves;
+    the second is offered the turn and reads from then on, until its own wake-up."""
+    listener = _Listener()
+    first, second = WakeWaiter(listener, "first"), WakeWaiter(listener, "second")
+    results: dict[str, bool] = {}
+
+    def wait(waiter: WakeWaiter, name: str) -> None:
+        results[name] = waiter.wait(30.0)
+
+    a = threading.Thread(target=wait, args=(first, "first"), name="first")
+    a.start()
+    while listener.readers[-1:] != ["first"]:
+        time.sleep(0.001)
+    b = threading.Thread(target=wait, args=(second, "second"), name="second")
+    b.start()
+    while not second.waiting:
+        time.sleep(0.001)
+    listener._dispatch("first ")  # the first one's wake-up, read by itself
+    a.join(10)
+    assert results == {"first": True}
+    deadline = time.monotonic() + 10
+    while listener.readers[-1:] != ["second"]:  # offered the turn when the first left
+        assert time.monotonic() < deadline, listener.readers
+        time.sleep(0.001)
+    listener._dispatch("second ")
+    b.join(10)
+    assert results == {"first": True, "second": True}
+    first.close()
+    second.close()
+
+
+def test_an_offer_left_unused_is_passed_on_when_its_waiter_closes() -> None:
+    listener = _Listener()
+    offered, other = WakeWaiter(listener, "offered"), WakeWaiter(listener, "other")
+    other.waiting = True
+    offered.offer()  # the turn was offered to it, and it closes without waiting again
+    offered.close()
+    assert other._offered
+    other.close()
