@@ -48,6 +48,7 @@ from turnstile_bench import (
     command_line,
     fmt,
     fmt_against,
+    fmt_trials,
     handover_table,
     handover_trials_note,
     machine_lines,
@@ -177,10 +178,6 @@ def commands_table(results: list[HandoverResult]) -> str:
     return markdown_table(headers, rows)
 
 
-def _per_trial(values: list[float]) -> str:
-    return " / ".join(fmt(v) for v in values)
-
-
 def interpretation(results: dict[str, Any]) -> list[str]:
     """Generated from the numbers of this run."""
     lines: list[str] = []
@@ -222,7 +219,7 @@ def interpretation(results: dict[str, Any]) -> list[str]:
             f"python-redis-lock handed {prl.handovers - prl.to_other} of {prl.handovers} "
             "successions back to the releaser, which are not in its figure"
             + (
-                f"; trial by trial {_per_trial(tw.trials)} ms against {_per_trial(prl.trials)}"
+                f"; trial by trial {fmt_trials(tw.trials)} ms against {fmt_trials(prl.trials)}"
                 if len(tw.trials) > 1 and len(tw.trials) == len(prl.trials)
                 else ""
             )

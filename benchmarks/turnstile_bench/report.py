@@ -34,6 +34,11 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def fmt_trials(values: list[float]) -> str:
+    """Every trial's figure, in run order: ``0.31 / 0.29 / 0.33``."""
+    return " / ".join(fmt(v) for v in values)
+
+
 def fmt_against(value: float, *others: float) -> int:
     """Digits that tell ``value`` apart from each of ``others`` (2, or up to 4 when two
     decimals would show a miss as a tie: "0.95 ... missed" reads as a contradiction)."""
@@ -147,7 +152,7 @@ def handover_table(
             row.insert(3, ratio(r.gap_p50_ms, base.gap_p50_ms))
         row += [r.per_grant.get(k, math.nan) for k in keys]
         if trials:
-            row.append(" / ".join(fmt(t) for t in r.trials))
+            row.append(fmt_trials(r.trials))
         rows.append(row)
     return markdown_table(headers, rows)
 
@@ -210,7 +215,7 @@ def webhook_table(
             r.order_gap_p50_ms,
             r.order_gap_p99_ms,
             r.failed,
-            " / ".join(fmt(t) for t in r.trials),
+            fmt_trials(r.trials),
         ]
         if base is not None:
             row.insert(3, ratio(r.efficiency, base.efficiency))
