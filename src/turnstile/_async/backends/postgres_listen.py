@@ -65,42 +65,28 @@ class AsyncListener(AsyncWakeListener):
         self._conn: AsyncConnection[Any] | None = None
         self._quiet_since = 0.0
 
-    @property
-    def started(self) -> bool:
-        return self._conn is not None
-
     def _describe(self, exc: BaseException) -> str:
         return pg.describe(exc, self._config)
 
-    async def _read(self, seconds: float, until: _compat.Event | None) -> None:
-        conn = self._conn
-        try:
-            if conn is None:
-                if not self._stop.is_set() and time.monotonic() >= self._retry_at:
-                    await self._open()  # (else: closed, or waiting out a failure)
-                return
-            deadline = time.monotonic() + seconds
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                heard = False
-                # stop_after=1: the first batch that arrives, read to its end (a batch left
-                # half-read would lose the rest).
-                async for notify in conn.notifies(timeout=left, stop_after=1):
-                    self._dispatch(notify.payload)
-                    heard = True
-                if not heard:
-                    break  # nothing within the slice
-                self._quiet_since = time.monotonic()
-                if until is not None and until.is_set():
-                    break  # the reader's own: it goes at once (the rest stay for the next)
-            if time.monotonic() - self._quiet_since > LISTEN_PING:
-                await conn.execute(pg.QUERIES["ping"])  # a connection gone quiet: alive?
-                self._quiet_since = time.monotonic()
-        except Exception as exc:
-            await self._drop()
-            self._failed_now(exc)
+    async def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            heard = False
+            # stop_after=1: the first batch that arrives, read to its end (a batch left
+            # half-read would lose the rest).
+            async for notify in conn.notifies(timeout=left, stop_after=1):
+                self._dispatch(notify.payload)
+                heard = True
+            if not heard:
+                break  # nothing within the slice
+            self._quiet_since = time.monotonic()
+            if until is not None and until.is_set():
+                break  # the reader's own: it goes at once (the rest stay for the next)
+        if time.monotonic() - self._quiet_since > LISTEN_PING:
+            await conn.execute(pg.QUERIES["ping"])  # a connection gone quiet: alive?
+            self._quiet_since = time.monotonic()
 
     async def _open(self) -> None:
         """Connect and LISTEN on both channels: from then on, every notification for this

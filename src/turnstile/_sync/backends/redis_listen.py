@@ -46,14 +46,9 @@ class RedisListener(WakeListener):
         super().__init__(f"Redis at {connection.config.shown}", log)
         self._connection = connection
         self.channel = f"{connection.config.prefix}w:{secrets.token_hex(16)}"
-        self._client: Any = None
-        self._conn: Any = None  # redis-py's connection, subscribed
+        self._client: Any = None  # (self._conn: redis-py's connection, subscribed)
         self._quiet_since = 0.0
         self._pinged: float | None = None
-
-    @property
-    def started(self) -> bool:
-        return self._conn is not None
 
     def _split(self, payload: str) -> tuple[str, str]:
         """``g <token> <acquired_us> <expires_us> <joined_us> <key base><holder>``: the wake
@@ -66,33 +61,23 @@ class RedisListener(WakeListener):
     def _describe(self, exc: BaseException) -> str:
         return str(self._connection.unavailable("SUBSCRIBE", exc))
 
-    def _read(self, seconds: float, until: _compat.Event | None) -> None:
-        conn = self._conn
-        try:
-            if conn is None:
-                if not self._stop.is_set() and time.monotonic() >= self._retry_at:
-                    self._open()  # (else: closed, or waiting out a failure)
-                return
-            deadline = time.monotonic() + seconds
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                message = _next_message(conn, left)
-                if message is None:
-                    break
-                self._on_message(message)
-                if until is not None and until.is_set():
-                    break  # the reader's own: it goes at once (the rest stay for the next)
-            now = time.monotonic()
-            if self._pinged is not None and now - self._pinged > LISTEN_PING:
-                raise ConnectionError("the subscriber connection stopped answering")
-            if self._pinged is None and now - self._quiet_since > LISTEN_PING:
-                conn.send_command("PING")  # answered as a message: ["pong", ""]
-                self._pinged = now
-        except Exception as exc:
-            self._drop()
-            self._failed_now(exc)
+    def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            message = _next_message(conn, left)
+            if message is None:
+                break
+            self._on_message(message)
+            if until is not None and until.is_set():
+                break  # the reader's own: it goes at once (the rest stay for the next)
+        now = time.monotonic()
+        if self._pinged is not None and now - self._pinged > LISTEN_PING:
+            raise ConnectionError("the subscriber connection stopped answering")
+        if self._pinged is None and now - self._quiet_since > LISTEN_PING:
+            conn.send_command("PING")  # answered as a message: ["pong", ""]
+            self._pinged = now
 
     def _open(self) -> None:
         """Connect and SUBSCRIBE, and read up to the subscription's confirmation. The

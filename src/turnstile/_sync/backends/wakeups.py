@@ -23,6 +23,7 @@ import contextlib
 import logging
 import threading
 import time
+from typing import Any
 
 from ..._core.notes import Notes
 from ..._core.records import Grant
@@ -60,12 +61,12 @@ class WakeListener:
     reconnecting, an early one evicted) moves :attr:`_epoch` on; a waiter whose step was
     made at another epoch, or while the connection was not up, re-checks at once.
 
-    A store's subclass gives :attr:`started` (whether it has a connection), :meth:`_read`
-    (with the turn: make the connection if there is none, calling :meth:`_listening` once
-    it listens, else read for a while, passing each payload to :meth:`_dispatch`; on a
-    failure, drop the connection, calling :meth:`_down`), :meth:`close`, :meth:`_split` (a
-    payload's wake key), and :meth:`_describe` (an error as the log may show it: no
-    secret); its waiters, :meth:`WakeWaiter._parse`."""
+    A store's subclass keeps its connection in :attr:`_conn` and gives :meth:`_open`
+    (connect and listen, set :attr:`_conn`, call :meth:`_listening` once it listens),
+    :meth:`_read_from` (read the connection until a deadline, passing each payload to
+    :meth:`_dispatch`), :meth:`_drop` (close it, calling :meth:`_down`), :meth:`close`,
+    :meth:`_split` (a payload's wake key), and :meth:`_describe` (an error as the log may
+    show it: no secret); its waiters, :meth:`WakeWaiter._parse`."""
 
     def __init__(self, display: str, log: logging.Logger) -> None:
         self._display = display  # the store as the log shows it (no secret)
@@ -80,16 +81,21 @@ class WakeListener:
         self._ready = _compat.Event()
         self._stop = _compat.Event()
         self._turn = threading.Lock()  # held by the waiter reading the connection
+        self._conn: Any = None  # the store's listening connection (None: none now)
         self._retry_at = 0.0  # after a failure, no new connection before this
         self.connects = 0  # successful starts of listening so far (tests and diagnostics)
 
     # -- what a store's subclass gives ---------------------------------------------------
-    @property
-    def started(self) -> bool:
-        """Whether this client has its listening connection (up, or being made)."""
+    def _open(self) -> None:
         raise NotImplementedError
 
-    def _read(self, seconds: float, until: _compat.Event | None) -> None:
+    def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
+        """Read ``conn`` until ``deadline`` (monotonic), or no further once ``until`` is set
+        (the reader's own wake-up came: the rest stay for the next reader); raise if it
+        failed."""
+        raise NotImplementedError
+
+    def _drop(self) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -104,6 +110,11 @@ class WakeListener:
         return type(exc).__name__
 
     # -- the rest ----------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        """Whether this client has its listening connection (up, or being made)."""
+        return self._conn is not None
+
     @property
     def up(self) -> bool:
         """Whether it listens right now: a hand-over announced now will reach us."""
@@ -137,6 +148,20 @@ class WakeListener:
         finally:
             self._turn.release()
         return True
+
+    def _read(self, seconds: float, until: _compat.Event | None) -> None:
+        """With the turn: make the connection if there is none (once the pause after a
+        failure is over), else read it for at most ``seconds``; a failure drops it."""
+        conn = self._conn
+        try:
+            if conn is None:
+                if not self._stop.is_set() and time.monotonic() >= self._retry_at:
+                    self._open()  # (else: closed, or waiting out a failure)
+                return
+            self._read_from(conn, time.monotonic() + seconds, until)
+        except Exception as exc:
+            self._drop()
+            self._failed_now(exc)
 
     def offer_turn(self, leaving: WakeWaiter) -> None:
         """``leaving`` stops reading: another waiter of this client that is waiting, if
