@@ -88,3 +88,53 @@ def test_an_offer_left_unused_is_passed_on_when_its_waiter_closes() -> None:
     offered.close()
     assert other._offered
     other.close()
+
+
+class _Batches(WakeListener):
+    """The base's read loop over a stand-in connection: ``batches`` are what successive
+    reads find (a list of payloads; an empty list: nothing came within the timeout)."""
+
+    def __init__(self, batches: list[list[str]]) -> None:
+        super().__init__("test", logging.getLogger("test"))
+        self.batches = batches
+        self.reads = 0
+        self.kept_alive = 0
+
+    def _read_some(self, conn: object, timeout: float) -> bool:
+        self.reads += 1
+        batch = self.batches.pop(0) if self.batches else []
+        for payload in batch:
+            self._dispatch(payload)
+        return bool(batch)
+
+    def _keep_alive(self, conn: object) -> None:
+        self.kept_alive += 1
+
+
+def test_the_read_loop_stops_when_nothing_comes_and_keeps_the_rest_after_its_own() -> None:
+    listener = _Batches([["a "], ["b "], []])
+    a, b = WakeWaiter(listener, "a"), WakeWaiter(listener, "b")
+    listener._quiet_since = time.monotonic()
+    listener._read_from(object(), time.monotonic() + 30, None)
+    assert listener.reads == 3  # both batches, then a read that found nothing
+    assert a._woken and b._woken
+    # With the reader's own event: it stops right after the batch that set it.
+    listener.batches = [["a "], ["b "]]
+    a._event.clear()
+    b._woken = False
+    listener._read_from(object(), time.monotonic() + 30, a._event)
+    assert listener.batches == [["b "]] and not b._woken
+    assert listener.kept_alive == 0  # it spoke lately
+    a.close()
+    b.close()
+
+
+def test_a_connection_quiet_for_too_long_is_checked() -> None:
+    listener = _Batches([])
+    listener._quiet_since = time.monotonic() - 60  # quiet for a minute (LISTEN_PING: 15 s)
+    listener._read_from(object(), time.monotonic() + 0.01, None)
+    assert listener.kept_alive == 1
+    listener._quiet_since = time.monotonic()
+    listener.batches = [["x "]]
+    listener._read_from(object(), time.monotonic() + 0.01, None)
+    assert listener.kept_alive == 1 and time.monotonic() - listener._quiet_since < 5

@@ -24,11 +24,9 @@ from psycopg import AsyncConnection
 
 from ..._core.records import Grant
 from ...stores.postgres import sql as pg
-from .. import _compat
 from .wakeups import (
     ARMED_FIRST,
     EARLY_MAX,
-    LISTEN_PING,
     LISTEN_START_WAIT,
     POLL_MAX,
     AsyncWakeListener,
@@ -63,30 +61,22 @@ class AsyncListener(AsyncWakeListener):
         self._conninfo = config.listen_conninfo
         self.channel = pg.client_channel(secrets.token_hex(16))
         self._conn: AsyncConnection[Any] | None = None
-        self._quiet_since = 0.0
 
     def _describe(self, exc: BaseException) -> str:
         return pg.describe(exc, self._config)
 
-    async def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            heard = False
-            # stop_after=1: the first batch that arrives, read to its end (a batch left
-            # half-read would lose the rest).
-            async for notify in conn.notifies(timeout=left, stop_after=1):
-                self._dispatch(notify.payload)
-                heard = True
-            if not heard:
-                break  # nothing within the slice
-            self._quiet_since = time.monotonic()
-            if until is not None and until.is_set():
-                break  # the reader's own: it goes at once (the rest stay for the next)
-        if time.monotonic() - self._quiet_since > LISTEN_PING:
-            await conn.execute(pg.QUERIES["ping"])  # a connection gone quiet: alive?
-            self._quiet_since = time.monotonic()
+    async def _read_some(self, conn: Any, timeout: float) -> bool:
+        heard = False
+        # stop_after=1: the first batch that arrives, read to its end (a batch left
+        # half-read would lose the rest).
+        async for notify in conn.notifies(timeout=timeout, stop_after=1):
+            self._dispatch(notify.payload)
+            heard = True
+        return heard
+
+    async def _keep_alive(self, conn: Any) -> None:
+        await conn.execute(pg.QUERIES["ping"])
+        self._quiet_since = time.monotonic()
 
     async def _open(self) -> None:
         """Connect and LISTEN on both channels: from then on, every notification for this
@@ -102,7 +92,6 @@ class AsyncListener(AsyncWakeListener):
                 await conn.close()
             raise
         self._conn = conn
-        self._quiet_since = time.monotonic()
         self._listening()  # (which also resets the reconnect delay)
 
     async def _drop(self) -> None:

@@ -23,7 +23,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._core.records import Grant
 from ...stores.redis import replies
-from .. import _compat
 from .wakeups import (
     LISTEN_PING,
     READ_SLICE,
@@ -46,8 +45,7 @@ class AsyncRedisListener(AsyncWakeListener):
         self._connection = connection
         self.channel = f"{connection.config.prefix}w:{secrets.token_hex(16)}"
         self._client: Any = None  # (self._conn: redis-py's connection, subscribed)
-        self._quiet_since = 0.0
-        self._pinged: float | None = None
+        self._pinged: float | None = None  # when a PING went unanswered so far
 
     def _split(self, payload: str) -> tuple[str, str]:
         """``g <token> <acquired_us> <expires_us> <joined_us> <key base><holder>``: the wake
@@ -60,23 +58,20 @@ class AsyncRedisListener(AsyncWakeListener):
     def _describe(self, exc: BaseException) -> str:
         return str(self._connection.unavailable("SUBSCRIBE", exc))
 
-    async def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            message = await _next_message(conn, left)
-            if message is None:
-                break
-            self._on_message(message)
-            if until is not None and until.is_set():
-                break  # the reader's own: it goes at once (the rest stay for the next)
+    async def _read_some(self, conn: Any, timeout: float) -> bool:
+        message = await _next_message(conn, timeout)
+        if message is None:
+            return False
+        self._on_message(message)
+        return True
+
+    async def _keep_alive(self, conn: Any) -> None:
         now = time.monotonic()
-        if self._pinged is not None and now - self._pinged > LISTEN_PING:
-            raise ConnectionError("the subscriber connection stopped answering")
-        if self._pinged is None and now - self._quiet_since > LISTEN_PING:
+        if self._pinged is None:
             await conn.send_command("PING")  # answered as a message: ["pong", ""]
             self._pinged = now
+        elif now - self._pinged > LISTEN_PING:
+            raise ConnectionError("the subscriber connection stopped answering")
 
     async def _open(self) -> None:
         """Connect and SUBSCRIBE, and read up to the subscription's confirmation. The
@@ -101,7 +96,7 @@ class AsyncRedisListener(AsyncWakeListener):
     def _on_message(self, message: Any) -> None:
         """A reply read on the subscriber connection: ``[kind, channel, data]`` for a
         message or the SUBSCRIBE's confirmation, ``[b"pong", b""]`` for a PING."""
-        self._quiet_since, self._pinged = time.monotonic(), None
+        self._pinged = None
         if not isinstance(message, list) or not message:
             return
         kind = message[0]

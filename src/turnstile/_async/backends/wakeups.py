@@ -62,10 +62,11 @@ class AsyncWakeListener:
 
     A store's subclass keeps its connection in :attr:`_conn` and gives :meth:`_open`
     (connect and listen, set :attr:`_conn`, call :meth:`_listening` once it listens),
-    :meth:`_read_from` (read the connection until a deadline, passing each payload to
-    :meth:`_dispatch`), :meth:`_drop` (close it, calling :meth:`_down`), :meth:`close`,
-    :meth:`_split` (a payload's wake key), and :meth:`_describe` (an error as the log may
-    show it: no secret); its waiters, :meth:`AsyncWakeWaiter._parse`."""
+    :meth:`_read_some` (read what arrives within a timeout, passing each payload to
+    :meth:`_dispatch`), :meth:`_keep_alive` (check a quiet connection), :meth:`_drop`
+    (close it, calling :meth:`_down`), :meth:`close`, :meth:`_split` (a payload's wake
+    key), and :meth:`_describe` (an error as the log may show it: no secret); its waiters,
+    :meth:`AsyncWakeWaiter._parse`."""
 
     def __init__(self, display: str, log: logging.Logger) -> None:
         self._display = display  # the store as the log shows it (no secret)
@@ -82,16 +83,22 @@ class AsyncWakeListener:
         self._turn = threading.Lock()  # held by the waiter reading the connection
         self._conn: Any = None  # the store's listening connection (None: none now)
         self._retry_at = 0.0  # after a failure, no new connection before this
+        self._quiet_since = 0.0  # (monotonic) when the connection last said something
         self.connects = 0  # successful starts of listening so far (tests and diagnostics)
 
     # -- what a store's subclass gives ---------------------------------------------------
     async def _open(self) -> None:
         raise NotImplementedError
 
-    async def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
-        """Read ``conn`` until ``deadline`` (monotonic), or no further once ``until`` is set
-        (the reader's own wake-up came: the rest stay for the next reader); raise if it
-        failed."""
+    async def _read_some(self, conn: Any, timeout: float) -> bool:
+        """Read what arrives on ``conn`` within ``timeout`` seconds (a reply, a batch of
+        notifications: whatever must be read whole), passing each payload to
+        :meth:`_dispatch`. False if nothing came; raise if the connection failed."""
+        raise NotImplementedError
+
+    async def _keep_alive(self, conn: Any) -> None:
+        """``conn`` has said nothing for ``LISTEN_PING`` seconds: check that it still
+        answers (raise if it failed)."""
         raise NotImplementedError
 
     async def _drop(self) -> None:
@@ -164,6 +171,20 @@ class AsyncWakeListener:
         except Exception as exc:
             await self._drop()
             self._failed_now(exc)
+
+    async def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
+        """Read ``conn`` until ``deadline`` (monotonic) or until nothing comes, no further
+        once ``until`` is set (the reader's own wake-up came: the rest stay for the next
+        reader); then, if it has been quiet too long, check it; raise if it failed."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await self._read_some(conn, left):
+                break
+            self._quiet_since = time.monotonic()
+            if until is not None and until.is_set():
+                break
+        if time.monotonic() - self._quiet_since > LISTEN_PING:
+            await self._keep_alive(conn)
 
     def offer_turn(self, leaving: AsyncWakeWaiter) -> None:
         """``leaving`` stops reading: another waiter of this client that is waiting, if
@@ -250,6 +271,7 @@ class AsyncWakeListener:
         """Called by :meth:`_read` once it listens: hand-overs announced while it did not
         were not heard, so every waiter re-checks."""
         self.connects += 1
+        self._quiet_since = time.monotonic()
         with self._lock:
             self._epoch += 1
             self._ready.set()

@@ -25,11 +25,9 @@ from psycopg import Connection
 
 from ..._core.records import Grant
 from ...stores.postgres import sql as pg
-from .. import _compat
 from .wakeups import (
     ARMED_FIRST,
     EARLY_MAX,
-    LISTEN_PING,
     LISTEN_START_WAIT,
     POLL_MAX,
     WakeListener,
@@ -64,30 +62,22 @@ class Listener(WakeListener):
         self._conninfo = config.listen_conninfo
         self.channel = pg.client_channel(secrets.token_hex(16))
         self._conn: Connection[Any] | None = None
-        self._quiet_since = 0.0
 
     def _describe(self, exc: BaseException) -> str:
         return pg.describe(exc, self._config)
 
-    def _read_from(self, conn: Any, deadline: float, until: _compat.Event | None) -> None:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            heard = False
-            # stop_after=1: the first batch that arrives, read to its end (a batch left
-            # half-read would lose the rest).
-            for notify in conn.notifies(timeout=left, stop_after=1):
-                self._dispatch(notify.payload)
-                heard = True
-            if not heard:
-                break  # nothing within the slice
-            self._quiet_since = time.monotonic()
-            if until is not None and until.is_set():
-                break  # the reader's own: it goes at once (the rest stay for the next)
-        if time.monotonic() - self._quiet_since > LISTEN_PING:
-            conn.execute(pg.QUERIES["ping"])  # a connection gone quiet: alive?
-            self._quiet_since = time.monotonic()
+    def _read_some(self, conn: Any, timeout: float) -> bool:
+        heard = False
+        # stop_after=1: the first batch that arrives, read to its end (a batch left
+        # half-read would lose the rest).
+        for notify in conn.notifies(timeout=timeout, stop_after=1):
+            self._dispatch(notify.payload)
+            heard = True
+        return heard
+
+    def _keep_alive(self, conn: Any) -> None:
+        conn.execute(pg.QUERIES["ping"])
+        self._quiet_since = time.monotonic()
 
     def _open(self) -> None:
         """Connect and LISTEN on both channels: from then on, every notification for this
@@ -103,7 +93,6 @@ class Listener(WakeListener):
                 conn.close()
             raise
         self._conn = conn
-        self._quiet_since = time.monotonic()
         self._listening()  # (which also resets the reconnect delay)
 
     def _drop(self) -> None:
