@@ -20,7 +20,7 @@ from ..errors import AcquireTimeout, BackendUnavailable, InvalidArgument, LeaseL
 from . import _compat
 from .backends.protocol import Backend, Waiter
 from .rate_limit import RateLimit
-from .renewer import renewer_for
+from .renewer import Renewer, renewer_for
 
 log_acquire = logging.getLogger("turnstile.lock.acquire")
 log_release = logging.getLogger("turnstile.lock.release")
@@ -61,6 +61,7 @@ class Lease:
         self._on_lost = on_lost
         # Set while the backend's renewer has this lease in its heap (its heap entry's seq).
         self._renew_seq: int | None = None
+        self._renewer: Renewer | None = None  # the renewer it was given to, if any
         self._renewing = False  # inside a with-block: the renewer keeps it renewed
         # An unclaimed grant (handed over with the wake-up, lasting only wait_ttl) that the
         # renewer is to claim for the full ttl once, with or without a with-block.
@@ -132,7 +133,8 @@ class Lease:
     def _stop_renewing(self) -> None:
         if self._renewing or self._claiming:
             self._renewing = self._claiming = False
-            renewer_for(self._backend).discard(self)
+            if self._renewer is not None:
+                self._renewer.discard(self)  # the renewer that has it
 
     def _wants_renewal(self) -> bool:
         return (self._renewing or self._claiming) and not self._released and not self._lost
@@ -146,9 +148,8 @@ class Lease:
         self._claiming = True
         # When a third of the short lease has passed, like any renewal: a short critical
         # section ends (and releases) before that, and then costs no claim at all.
-        renewer_for(self._backend).add(
-            self, (self.expires_at - self.acquired_at) * timing.RENEW_FRACTION
-        )
+        self._renewer = renewer_for(self._backend)
+        self._renewer.add(self, (self.expires_at - self.acquired_at) * timing.RENEW_FRACTION)
 
     def _renew_step(self) -> float | None:
         """One turn of the backend's renewer: renew if still wanted. Returns the seconds
@@ -173,7 +174,8 @@ class Lease:
         if not self._renewing and not self._released:
             self._renewing = True
             if not self._claiming:  # else the claim's renewal schedules the next ones
-                renewer_for(self._backend).add(self, self.ttl * timing.RENEW_FRACTION)
+                self._renewer = renewer_for(self._backend)
+                self._renewer.add(self, self.ttl * timing.RENEW_FRACTION)
         return self
 
     def __exit__(

@@ -19,6 +19,7 @@ schema as the migrations do (catalog and function text).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -246,9 +247,11 @@ def migration_script(schema: str, applied: int = 0, grant_to: str | None = None)
     return "\n".join(out)
 
 
+@functools.lru_cache(maxsize=4096)
 def name_key(name: str) -> bytes:
     """The names row's key of ``name``: sha256 of its UTF-8 bytes, as the SQL functions make
-    it (``sha256(convert_to(name, 'UTF8'))``), computed here for the plain statements."""
+    it (``sha256(convert_to(name, 'UTF8'))``), computed here for the plain statements
+    (and remembered for the names used lately: each acquire and release sends it)."""
     return hashlib.sha256(name.encode("utf-8")).digest()
 
 

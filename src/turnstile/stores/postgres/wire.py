@@ -154,5 +154,16 @@ def dump(value: Any) -> bytes | None:
 
 
 def values(statement: Statement, params: dict[str, Any]) -> list[bytes | None]:
-    """The parameters of one call, in ``$n`` order."""
-    return [dump(params[name]) for name in statement.params]
+    """The parameters of one call, in ``$n`` order: :func:`dump` of each, with NULL and
+    strings (most of every call's parameters) written inline."""
+    out: list[bytes | None] = []
+    append = out.append
+    for name in statement.params:
+        value = params[name]
+        if value is None:
+            append(None)
+        elif type(value) is str:
+            append(_text(value))
+        else:
+            append(dump(value))
+    return out
