@@ -272,6 +272,40 @@ def _paired(a: UncontendedResult, b: UncontendedResult) -> list[float]:
     return [x / y for x, y in zip(a.trials, b.trials, strict=True) if y > 0]
 
 
+def _where_the_time_goes(unc: dict[str, UncontendedResult]) -> str:
+    """What separates Turnstile's uncontended cycle from the naive row's, from the table's
+    client CPU and waiting columns (a sentence; empty without them)."""
+
+    def split(label: str) -> tuple[float, float]:
+        r = unc[label]
+        return r.cpu_us, max(0.0, 1e6 / r.ops_per_s - r.cpu_us)
+
+    pairs = [(TURNSTILE, NAIVE), (RELAXED, RELAXED_NAIVE)]
+    parts = []
+    for mine, theirs in pairs:
+        if mine not in unc or theirs not in unc or math.isnan(unc[mine].cpu_us):
+            continue
+        (cpu, wait), (cpu_n, wait_n) = split(mine), split(theirs)
+        parts.append(
+            f"{mine} {cpu:.0f} µs of client CPU and {wait:.0f} µs waiting per acquire + "
+            f"release, {theirs} {cpu_n:.0f} and {wait_n:.0f}"
+        )
+    if not parts:
+        return ""
+    b_cpu = unc[BASELINE].cpu_us
+    return (
+        "Where the time goes (the table's last columns): "
+        + "; ".join(parts)
+        + f"; pg_advisory_lock {b_cpu:.0f} µs of client CPU. Turnstile's client spends more "
+        "CPU per call than a bare statement does (the lease and its renewer, the holder id, "
+        "the idle hint, the short path's parameters), and its statements do more on the "
+        "server (the fencing counter, the lease's times); on this virtual machine a server "
+        "backend left idle even briefly also answers later (see *Durability after "
+        "idleness*), so time the client spends between statements can show in the waiting "
+        "too."
+    )
+
+
 def interpretation(results: dict[str, Any]) -> list[str]:
     """Generated from the numbers of this run."""
     lines = []
@@ -438,10 +472,8 @@ def interpretation(results: dict[str, Any]) -> list[str]:
         "function call, parsed and planned at "
         "every call); no waiter is armed and no LISTEN connection opened unless the acquire has "
         "to wait; the client sends it by its short path (docs/postgres.md, \"The client's "
-        'short path": no cursor, no pool checkout), spending less CPU per call than the '
-        "naive row's psycopg cursor. What remains is the lease and its renewer, and the "
-        "statement's own work: it reads the name's row, checks for a fast grant and writes "
-        "the token counter, where the naive row only inserts or deletes."
+        'short path": no cursor, no pool checkout). '
+        + _where_the_time_goes(unc)
     )
     naive_u = unc[NAIVE].ops_per_s
     summary.insert(

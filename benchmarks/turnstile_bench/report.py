@@ -70,7 +70,15 @@ def _baseline(results: Sequence[Any], baseline: str | None) -> Any:
 
 def uncontended_table(results: Sequence[UncontendedResult], baseline: str | None = None) -> str:
     base = _baseline(results, baseline)
-    headers = ["lock", "acquire+release /s", "p50 ms", "p99 ms", "trials (ops/s)"]
+    headers = [
+        "lock",
+        "acquire+release /s",
+        "p50 ms",
+        "p99 ms",
+        "client CPU µs / op",
+        "waiting µs / op",
+        "trials (ops/s)",
+    ]
     if base is not None:
         headers.insert(2, f"vs {baseline}")
     rows = []
@@ -80,6 +88,8 @@ def uncontended_table(results: Sequence[UncontendedResult], baseline: str | None
             r.ops_per_s,
             r.p50_ms,
             r.p99_ms,
+            r.cpu_us,
+            max(0.0, 1e6 / r.ops_per_s - r.cpu_us) if r.ops_per_s > 0 else math.nan,
             " / ".join(f"{t:,.0f}" for t in r.trials),
         ]
         if base is not None:
@@ -96,7 +106,10 @@ def uncontended_section(
         "",
         "## Uncontended acquire + release (one process)",
         "",
-        "Median of the interleaved trials; latency percentiles of the median trial.",
+        "Median of the interleaved trials; latency percentiles of the median trial. *Client "
+        "CPU*: the worker process's CPU time (user and system, all its threads) per acquire + "
+        "release, median of the trials; *waiting*: the rest of a cycle (1 / rate minus that), "
+        "spent on the network, the server, the disk and the scheduler.",
         "",
         uncontended_table(results, baseline),
         "",
