@@ -16,11 +16,14 @@ the worst of the scripts' (77 counts as success).
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from turnstile_bench.servers import exit_on_signals
 
 HERE = Path(__file__).resolve().parent
 SKIP_EXIT = 77
@@ -41,7 +44,25 @@ def scripts(only: str | None) -> list[Path]:
     return [found[n] for n in names]
 
 
+def _run(cmd: list[str]) -> int:
+    """Run one script; if this run is stopped meanwhile (Ctrl-C, SIGTERM), stop the script
+    the same way and let it clean up (its servers, scratch folders and data), which a
+    SIGKILL would not."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
+    exit_on_signals()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
@@ -69,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--tmpdir", args.tmpdir]
             print(f"== {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
             started = time.monotonic()
-            code = subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False).returncode
+            code = _run(cmd)
             took = time.monotonic() - started
             state = {0: "ok", SKIP_EXIT: "skipped (server not available)"}.get(
                 code, f"FAILED (exit {code})")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -217,6 +219,32 @@ def test_run_all_regenerates_results_and_plots(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(BENCHMARKS / "run_all.py"), "--only", "nope"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode != 0 and "no benchmark named nope" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_stopped_run_cleans_up_after_itself(tmp_path: Path) -> None:
+    """SIGTERM to ``run_all.py`` while a script runs: the script is stopped the same way and
+    unwinds (here: its scratch folder of database and lock files is removed), and both exit
+    with 128 + SIGTERM, where the signal's default would have left everything behind."""
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "run_all.py"), "--quick", "--only", "sqlite",
+         "--results", str(tmp_path / "results"), "--tmpdir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 100
+        while not list(tmp_path.glob("turnstile-bench-*")):  # the script's scratch folder
+            assert proc.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=130)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert not list(tmp_path.glob("turnstile-bench-*")), "the scratch folder was left behind"
 
 
 # -- the harness's numbers --------------------------------------------------------------------

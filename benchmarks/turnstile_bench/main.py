@@ -30,7 +30,7 @@ from .scenarios import (
     run_uncontended,
     run_webhooks,
 )
-from .servers import Unavailable
+from .servers import Unavailable, exit_on_signals
 from .workers import progress
 
 SKIP_EXIT = 77  # "my server is not configured here": tests/test_benchmarks.py then skips
@@ -83,6 +83,7 @@ class Bench:
 
 
 def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
+    exit_on_signals()
     parser = argparse.ArgumentParser(
         description=bench.description, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +23,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 class Unavailable(RuntimeError):
     """The server a script needs cannot be had here (the script exits with status 77)."""
+
+
+def exit_on_signals() -> None:
+    """Make SIGTERM and SIGHUP end the run as Ctrl-C does, by an exception in the main
+    thread: every ``with`` of the run then unwinds, so its throwaway servers are stopped,
+    its scratch folders removed, its worker processes ended and its schema or key prefix
+    deleted (by default these signals end the process at once, leaving all of that)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
 
 
 # -- throwaway servers -------------------------------------------------------------------------
