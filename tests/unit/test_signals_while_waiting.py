@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import turnstile
+from tests.conftest import BackendUnderTest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,7 +56,21 @@ def _waiting(url: str, kind: str) -> list[str]:
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs pthread_sigmask")
 @pytest.mark.parametrize("kind", ["rate", "lock"])
 def test_a_handler_runs_while_the_main_thread_waits(tmp_path: Path, kind: str) -> None:
-    url = f"sqlite:///{tmp_path / 'signals.db'}"
+    _handler_runs(f"sqlite:///{tmp_path / 'signals.db'}", kind)
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs pthread_sigmask")
+def test_a_handler_runs_while_a_lock_waiter_reads_the_wake_up_connection(
+    backend: BackendUnderTest,
+) -> None:
+    """On Redis and PostgreSQL the waiting main thread reads its client's wake-up connection
+    itself (``wakeups.py``), in slices of SIGNAL_POLL there (``_compat.blocking_slice``)."""
+    if not backend.cross_process:
+        pytest.skip("in-process backend")
+    _handler_runs(backend.url, "lock")
+
+
+def _handler_runs(url: str, kind: str) -> None:
     with turnstile.connect(url) as client:
         if kind == "rate":
             assert client.rate_limit("r", rate=1, per=60.0).try_acquire("first").acquired

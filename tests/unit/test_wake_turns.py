@@ -20,6 +20,7 @@ class _Listener(WakeListener):
     def __init__(self) -> None:
         super().__init__("test", logging.getLogger("test"))
         self.readers: list[str] = []
+        self.slices: list[float] = []
         self._listening()
 
     @property
@@ -28,6 +29,7 @@ class _Listener(WakeListener):
 
     def _read(self, seconds: float, until: _compat.Event | None) -> None:
         self.readers.append(threading.current_thread().name)
+        self.slices.append(seconds)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not (until is not None and until.is_set()):
             time.sleep(0.001)
@@ -138,3 +140,23 @@ def test_a_connection_quiet_for_too_long_is_checked() -> None:
     listener.batches = [["x "]]
     listener._read_from(object(), time.monotonic() + 0.01, None)
     assert listener.kept_alive == 1 and time.monotonic() - listener._quiet_since < 5
+
+
+def test_the_main_thread_reads_in_short_slices() -> None:
+    """A read blocks in the kernel until it ends: in the main thread a sync waiter reads at
+    most SIGNAL_POLL at a time, so that a signal handler runs soon; another thread reads up
+    to READ_SLICE (the real-process check: test_signals_while_waiting.py)."""
+    assert threading.current_thread() is threading.main_thread()
+    listener = _Listener()
+    waiter = WakeWaiter(listener, "main")
+    assert waiter.wait(0.5) is False
+    assert listener.slices and max(listener.slices) <= _compat.SIGNAL_POLL
+    waiter.close()
+    other = WakeWaiter(listener, "other")
+    listener.slices.clear()
+    thread = threading.Thread(target=other.wait, args=(0.5,))
+    thread.start()
+    thread.join(10)
+    assert listener.slices[0] > _compat.SIGNAL_POLL  # the whole wait, up to READ_SLICE
+    other.close()
+    assert _compat.blocking_slice(5.0) == _compat.SIGNAL_POLL  # in the main thread

@@ -28,6 +28,12 @@ RENEWER_IDLE = 0.0
 LISTEN_READ_SLICE = 0.25
 
 
+def blocking_slice(longest: float) -> float:
+    """How long one blocking read on a connection may last, at most ``longest`` (the sync
+    flavour cuts it short in the main thread, so that a signal handler runs soon)."""
+    return longest
+
+
 async def run_blocking(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a short blocking call (SQLite) in a worker thread.
 

@@ -49,6 +49,16 @@ def _slices(timeout: float) -> Iterator[float]:
         yield min(left, SIGNAL_POLL)
 
 
+def blocking_slice(longest: float) -> float:
+    """How long one blocking read on a connection may last: at most ``longest``, and in the
+    main thread at most SIGNAL_POLL, as every wait of the main thread (a read blocked in
+    the kernel returns to the interpreter only when it ends, and the kernel may have handed
+    the signal to another thread)."""
+    if longest > SIGNAL_POLL and threading.current_thread() is threading.main_thread():
+        return SIGNAL_POLL
+    return longest
+
+
 def sleep(seconds: float) -> None:
     for part in _slices(seconds):
         time.sleep(part)

@@ -47,7 +47,7 @@ class RedisQueueWaiter:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            block = max(0.001, min(left, MAX_BLOCK))
+            block = max(0.001, min(left, _compat.blocking_slice(MAX_BLOCK)))
             block = int(block * 1000 + 0.999) / 1000  # milliseconds, rounded up; 0 = forever
             try:
                 client = self._queues.connection.blocking_client(self._key)

@@ -9,12 +9,14 @@ every waiter knows whether a wake-up for it may have gone unheard (the connectio
 reconnecting, or not yet up when its step was made), in which case it looks again at once.
 
 No thread or task of its own reads the connection: the waiters take turns at it. One waiter
-at a time reads (blocking in the read, in slices of at most ``READ_SLICE``), hands each
-payload to the waiter it names, and when it is done waiting offers the turn to another waiter
-that is waiting. So the waiter a hand-over is for is usually the one reading, and it holds the
-grant the moment the payload arrives: no second thread (or task) to wake on the hand-over's
-path. Payloads that come while nobody waits stay in the connection until the next waiter
-reads them, and the connection is made again, after a failure, by the next waiter that reads.
+at a time reads (blocking in the read, in slices of at most ``READ_SLICE``; in a sync
+client's main thread of at most ``SIGNAL_POLL``, so that a signal handler runs soon), hands
+each payload to the waiter it names, and when it is done waiting offers the turn to another
+waiter that is waiting. So the waiter a hand-over is for is usually the one reading, and it
+holds the grant the moment the payload arrives: no second thread (or task) to wake on the
+hand-over's path. Payloads that come while nobody waits stay in the connection until the
+next waiter reads them, and the connection is made again, after a failure, by the next
+waiter that reads.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ class WakeListener:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            if self.read(min(left, READ_SLICE)):
+            if self.read(min(left, _compat.blocking_slice(READ_SLICE))):
                 break  # this waiter had the turn: it made its attempt (or waits out a pause)
             _compat.sleep(min(left, 0.01))  # another waiter reads, or is connecting
         return self.up
@@ -396,7 +398,8 @@ class WakeWaiter:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                got = listener.read(min(left, READ_SLICE), self._event)
+                slice_ = _compat.blocking_slice(READ_SLICE)
+                got = listener.read(min(left, slice_), self._event)
                 read = read or got
                 if not listener.up:
                     # No listening connection (it failed, and is made again when its pause
