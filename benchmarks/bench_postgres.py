@@ -299,10 +299,7 @@ def _where_the_time_goes(unc: dict[str, UncontendedResult]) -> str:
         + f"; pg_advisory_lock {b_cpu:.0f} µs of client CPU. Turnstile's client spends more "
         "CPU per call than a bare statement does (the lease and its renewer, the holder id, "
         "the idle hint, the short path's parameters), and its statements do more on the "
-        "server (the fencing counter, the lease's times); on this virtual machine a server "
-        "backend left idle even briefly also answers later (see *Durability after "
-        "idleness*), so time the client spends between statements can show in the waiting "
-        "too."
+        "server (the fencing counter, the lease's times)."
     )
 
 
