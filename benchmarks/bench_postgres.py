@@ -276,19 +276,15 @@ def _where_the_time_goes(unc: dict[str, UncontendedResult]) -> str:
     """What separates Turnstile's uncontended cycle from the naive row's, from the table's
     client CPU and waiting columns (a sentence; empty without them)."""
 
-    def split(label: str) -> tuple[float, float]:
-        r = unc[label]
-        return r.cpu_us, max(0.0, 1e6 / r.ops_per_s - r.cpu_us)
-
     pairs = [(TURNSTILE, NAIVE), (RELAXED, RELAXED_NAIVE)]
     parts = []
     for mine, theirs in pairs:
         if mine not in unc or theirs not in unc or math.isnan(unc[mine].cpu_us):
             continue
-        (cpu, wait), (cpu_n, wait_n) = split(mine), split(theirs)
+        a, b = unc[mine], unc[theirs]
         parts.append(
-            f"{mine} {cpu:.0f} µs of client CPU and {wait:.0f} µs waiting per acquire + "
-            f"release, {theirs} {cpu_n:.0f} and {wait_n:.0f}"
+            f"{mine} {a.cpu_us:.0f} µs of client CPU and {a.wait_us:.0f} µs waiting per "
+            f"acquire + release, {theirs} {b.cpu_us:.0f} and {b.wait_us:.0f}"
         )
     if not parts:
         return ""

@@ -89,7 +89,7 @@ def uncontended_table(results: Sequence[UncontendedResult], baseline: str | None
             r.p50_ms,
             r.p99_ms,
             r.cpu_us,
-            max(0.0, 1e6 / r.ops_per_s - r.cpu_us) if r.ops_per_s > 0 else math.nan,
+            r.wait_us,
             " / ".join(f"{t:,.0f}" for t in r.trials),
         ]
         if base is not None:

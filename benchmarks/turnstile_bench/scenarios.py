@@ -64,6 +64,13 @@ class UncontendedResult:
     # the disk, and the scheduler.
     cpu_us: float = math.nan
 
+    @property
+    def wait_us(self) -> float:
+        """Microseconds of each cycle not spent on the client's CPU (NaN without a rate)."""
+        if not self.ops_per_s > 0:
+            return math.nan
+        return max(0.0, 1e6 / self.ops_per_s - self.cpu_us)
+
 
 def _uncontended_job(adapter: LockAdapter, args: tuple[str, int, float], go: float) -> Any:
     name, iterations, max_seconds = args

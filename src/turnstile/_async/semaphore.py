@@ -135,6 +135,12 @@ class AsyncLease:
             if self._renewer is not None:
                 self._renewer.discard(self)  # the renewer that has it
 
+    def _renew_in(self, delay: float) -> None:
+        """Hand this lease to the backend's renewer, first due in ``delay`` seconds; it is
+        the renewer :meth:`_stop_renewing` then takes it back from."""
+        self._renewer = renewer_for(self._backend)
+        self._renewer.add(self, delay)
+
     def _wants_renewal(self) -> bool:
         return (self._renewing or self._claiming) and not self._released and not self._lost
 
@@ -147,8 +153,7 @@ class AsyncLease:
         self._claiming = True
         # When a third of the short lease has passed, like any renewal: a short critical
         # section ends (and releases) before that, and then costs no claim at all.
-        self._renewer = renewer_for(self._backend)
-        self._renewer.add(self, (self.expires_at - self.acquired_at) * timing.RENEW_FRACTION)
+        self._renew_in((self.expires_at - self.acquired_at) * timing.RENEW_FRACTION)
 
     async def _renew_step(self) -> float | None:
         """One turn of the backend's renewer: renew if still wanted. Returns the seconds
@@ -173,8 +178,7 @@ class AsyncLease:
         if not self._renewing and not self._released:
             self._renewing = True
             if not self._claiming:  # else the claim's renewal schedules the next ones
-                self._renewer = renewer_for(self._backend)
-                self._renewer.add(self, self.ttl * timing.RENEW_FRACTION)
+                self._renew_in(self.ttl * timing.RENEW_FRACTION)
         return self
 
     async def __aexit__(

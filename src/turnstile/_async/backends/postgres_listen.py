@@ -17,7 +17,6 @@ import contextlib
 import logging
 import secrets
 import socket
-import time
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -75,8 +74,7 @@ class AsyncListener(AsyncWakeListener):
         return heard
 
     async def _keep_alive(self, conn: Any) -> None:
-        await conn.execute(pg.QUERIES["ping"])
-        self._quiet_since = time.monotonic()
+        await conn.execute(pg.QUERIES["ping"])  # answers, or raises
 
     async def _open(self) -> None:
         """Connect and LISTEN on both channels: from then on, every notification for this

@@ -99,8 +99,8 @@ class AsyncWakeListener:
         raise NotImplementedError
 
     async def _keep_alive(self, conn: Any) -> None:
-        """``conn`` has said nothing for ``LISTEN_PING`` seconds: check that it still
-        answers (raise if it failed)."""
+        """``conn`` has said nothing for ``LISTEN_PING`` seconds (or since the last check):
+        check that it still answers (raise if it failed)."""
         raise NotImplementedError
 
     async def _drop(self) -> None:
@@ -187,6 +187,7 @@ class AsyncWakeListener:
                 break
         if time.monotonic() - self._quiet_since > LISTEN_PING:
             await self._keep_alive(conn)
+            self._quiet_since = time.monotonic()  # checked: not again for LISTEN_PING
 
     def offer_turn(self, leaving: AsyncWakeWaiter) -> None:
         """``leaving`` stops reading: another waiter of this client that is waiting, if

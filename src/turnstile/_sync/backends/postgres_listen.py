@@ -18,7 +18,6 @@ import contextlib
 import logging
 import secrets
 import socket
-import time
 from typing import Any
 
 from psycopg import Connection
@@ -76,8 +75,7 @@ class Listener(WakeListener):
         return heard
 
     def _keep_alive(self, conn: Any) -> None:
-        conn.execute(pg.QUERIES["ping"])
-        self._quiet_since = time.monotonic()
+        conn.execute(pg.QUERIES["ping"])  # answers, or raises
 
     def _open(self) -> None:
         """Connect and LISTEN on both channels: from then on, every notification for this

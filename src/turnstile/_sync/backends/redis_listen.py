@@ -67,6 +67,8 @@ class RedisListener(WakeListener):
         return True
 
     def _keep_alive(self, conn: Any) -> None:
+        """A PING, whose answer (a message) clears :attr:`_pinged`; one still unanswered
+        ``LISTEN_PING`` after it was sent means the connection is gone."""
         now = time.monotonic()
         if self._pinged is None:
             conn.send_command("PING")  # answered as a message: ["pong", ""]

@@ -100,8 +100,8 @@ class WakeListener:
         raise NotImplementedError
 
     def _keep_alive(self, conn: Any) -> None:
-        """``conn`` has said nothing for ``LISTEN_PING`` seconds: check that it still
-        answers (raise if it failed)."""
+        """``conn`` has said nothing for ``LISTEN_PING`` seconds (or since the last check):
+        check that it still answers (raise if it failed)."""
         raise NotImplementedError
 
     def _drop(self) -> None:
@@ -185,6 +185,7 @@ class WakeListener:
                 break
         if time.monotonic() - self._quiet_since > LISTEN_PING:
             self._keep_alive(conn)
+            self._quiet_since = time.monotonic()  # checked: not again for LISTEN_PING
 
     def offer_turn(self, leaving: WakeWaiter) -> None:
         """``leaving`` stops reading: another waiter of this client that is waiting, if
