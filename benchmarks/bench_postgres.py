@@ -274,28 +274,47 @@ def _paired(a: UncontendedResult, b: UncontendedResult) -> list[float]:
 
 def _where_the_time_goes(unc: dict[str, UncontendedResult]) -> str:
     """What separates Turnstile's uncontended cycle from the naive row's, from the table's
-    client CPU and waiting columns (a sentence; empty without them)."""
+    client CPU, waiting and server CPU columns (a sentence; empty without them)."""
+
+    def split(r: UncontendedResult) -> str:
+        if math.isnan(r.server_us):
+            return f"{r.cpu_us:.0f} µs of client CPU and {r.wait_us:.0f} µs waiting"
+        return (
+            f"{r.cpu_us:.0f} µs of client CPU, {r.server_us:.0f} µs of server CPU and "
+            f"{max(0.0, r.wait_us - r.server_us):.0f} µs of neither"
+        )
 
     pairs = [(TURNSTILE, NAIVE), (RELAXED, RELAXED_NAIVE)]
     parts = []
     for mine, theirs in pairs:
         if mine not in unc or theirs not in unc or math.isnan(unc[mine].cpu_us):
             continue
-        a, b = unc[mine], unc[theirs]
         parts.append(
-            f"{mine} {a.cpu_us:.0f} µs of client CPU and {a.wait_us:.0f} µs waiting per "
-            f"acquire + release, {theirs} {b.cpu_us:.0f} and {b.wait_us:.0f}"
+            f"{mine} {split(unc[mine])} per acquire + release, {theirs} {split(unc[theirs])}"
         )
     if not parts:
         return ""
-    b_cpu = unc[BASELINE].cpu_us
-    return (
+    base = unc[BASELINE]
+    out = (
         "Where the time goes (the table's last columns): "
         + "; ".join(parts)
-        + f"; pg_advisory_lock {b_cpu:.0f} µs of client CPU. Turnstile's client spends more "
-        "CPU per call than a bare statement does (the lease and its renewer, the holder id, "
-        "the idle hint, the short path's parameters), and its statements do more on the "
-        "server (the fencing counter, the lease's times)."
+        + f"; pg_advisory_lock {split(base)}."
+    )
+    a, b = unc.get(TURNSTILE), unc.get(NAIVE)
+    if a is not None and b is not None and not math.isnan(a.server_us + b.server_us):
+        gap = 1e6 / a.ops_per_s - 1e6 / b.ops_per_s
+        client, server = a.cpu_us - b.cpu_us, a.server_us - b.server_us
+        out += (
+            f" A Turnstile cycle is {gap:+.0f} µs against the naive row's: {client:+.0f} µs "
+            f"of client CPU, {server:+.0f} µs of server CPU and {gap - client - server:+.0f} "
+            "µs of neither"
+        )
+    return out + (
+        ". What each side does: Turnstile's client runs the lease and its renewer, the "
+        "holder id, the idle hint and the short path's parameters around each statement, "
+        "and its statements do more on the server than the naive row's (the fencing "
+        "counter, the lease's times, the answer's columns: each execution sets up more "
+        "expressions); *neither* is the network, the disk and the scheduler."
     )
 
 

@@ -92,6 +92,18 @@ def _check_lock_bench(results: dict, text: str) -> None:
     assert len(tables) >= 3, text
     for label in {r["label"] for r in results["uncontended"]}:
         assert f"| {label} |" in text
+    # The store's CPU per operation, where the contender's probe reads it (a Redis server's
+    # INFO cpu, a PostgreSQL cluster on this machine): a column of its own, never negative.
+    server = [r["server_us"] for r in results["uncontended"] if r["server_us"] is not None]
+    assert all(us >= 0 for us in server)
+    assert ("server CPU µs / op" in text) == bool(server)
+
+
+def _check_postgres_bench(results: dict, text: str) -> None:
+    _check_lock_bench(results, text)
+    if not os.environ.get("TURNSTILE_BENCH_POSTGRES_URL"):
+        # Its own throwaway cluster runs here: every row with a probe reads its CPU.
+        assert all(r["server_us"] is not None for r in results["uncontended"])
 
 
 def _check_queue(results: dict, text: str) -> None:
@@ -192,6 +204,7 @@ def _check_admission(results: dict, text: str) -> None:
 
 
 CHECKS = {
+    "bench_postgres": _check_postgres_bench,
     "bench_admission": _check_admission,
     "bench_queue": _check_queue,
     "bench_http": _check_http,

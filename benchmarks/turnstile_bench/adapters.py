@@ -65,6 +65,11 @@ class LockAdapter:
 
 Probe = Callable[[], Mapping[str, float]]
 
+#: The probe key of the store's own CPU time in seconds (the server's processes, user and
+#: system), where the probe can read it: the uncontended tables report it per operation, the
+#: per-grant tables leave it out.
+SERVER_CPU = "server CPU s"
+
 
 @dataclass(frozen=True)
 class Contender:
@@ -735,7 +740,8 @@ class RQQueue(QueueAdapter):
 class CommandCounter:
     """Reads ``INFO commandstats`` in the parent: every command the server ran, including
     those run inside scripts, plus the client-sent script calls (EVALSHA and FCALL: Turnstile
-    runs its lock steps as functions where the server has them) and BLPOP calls."""
+    runs its lock steps as functions where the server has them) and BLPOP calls; and
+    ``INFO cpu``: the server's CPU time (:data:`SERVER_CPU`, all its threads)."""
 
     def __init__(self, url: str, also: tuple[str, ...] = ()) -> None:
         self.url = url
@@ -746,9 +752,12 @@ class CommandCounter:
 
         with contextlib.closing(redis.Redis.from_url(self.url)) as r:
             stats = r.info("commandstats")
+            cpu = r.info("cpu")
         calls = {k.removeprefix("cmdstat_"): float(v["calls"]) for k, v in stats.items()}
         calls.pop("info", None)  # our own reads
         return {
+            # The server process's CPU (all its threads), to the microsecond.
+            SERVER_CPU: float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
             "Redis commands": sum(calls.values()),
             "scripts": calls.get("evalsha", 0.0) + calls.get("fcall", 0.0),
             "BLPOP": calls.get("blpop", 0.0),
@@ -762,20 +771,77 @@ class TransactionCounter:
     operation and every naive-row attempt writes (a row lock or a row), so for them this is
     every transaction; pg_advisory_lock writes nothing and shows 0.
     (``pg_stat_database.xact_commit`` would count read-only ones too, but an idle backend
-    reports its statistics up to seconds late, so it undercounts short runs.)"""
+    reports its statistics up to seconds late, so it undercounts short runs.)
+
+    On a server of this machine (its backends are in ``/proc``) also :data:`SERVER_CPU`: the
+    CPU time of the cluster's processes (the postmaster and its children: every client's
+    backend, the WAL writer, the checkpointer, ...), except the probe's own backend. Counted
+    per process from one reading to the next, so a process that started between them counts
+    from its start and one that ended is left out (never a negative difference)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.calls = 0
+        self._cpu: dict[int, float] = {}  # CPU seconds of each process at the last reading
+        self._cpu_total = 0.0
 
     def __call__(self) -> dict[str, float]:
         import psycopg
 
         with psycopg.connect(self.url, autocommit=True) as conn:
-            xid = conn.execute("SELECT txid_current()").fetchone()[0]  # type: ignore[index]
+            xid, backend = conn.execute(
+                "SELECT txid_current(), pg_backend_pid()"
+            ).fetchone()  # type: ignore[misc]
+            cpu = _cluster_cpu(backend)
         # Each reading assigns one id itself; subtract the earlier readings' ids.
         self.calls += 1
-        return {"transactions": float(xid - self.calls)}
+        out = {"transactions": float(xid - self.calls)}
+        if cpu is not None:
+            self._cpu_total += sum(t - self._cpu.get(pid, 0.0) for pid, t in cpu.items())
+            self._cpu = cpu
+            out[SERVER_CPU] = self._cpu_total
+        return out
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stat(pid: int) -> tuple[str, int, float] | None:
+    """(command, parent pid, CPU seconds) of a process, None if unreadable. The CPU time is
+    the scheduler's, to the nanosecond (``/proc/PID/schedstat``), where the kernel keeps it;
+    else user + system time in clock ticks (``/proc/PID/stat``, 10 ms steps: too coarse for
+    a run of a second)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()
+    cpu = (int(fields[11]) + int(fields[12])) / _TICK
+    with contextlib.suppress(OSError, ValueError, IndexError), open(
+        f"/proc/{pid}/schedstat"
+    ) as f:
+        cpu = int(f.read().split()[0]) / 1e9
+    return head.partition("(")[2], int(fields[1]), cpu
+
+
+def _cluster_cpu(backend: int) -> dict[int, float] | None:
+    """CPU seconds of each process of the PostgreSQL cluster that ``backend`` (a backend's
+    pid) belongs to, without ``backend`` itself; None when the server is not on this machine
+    (no such postgres process here)."""
+    mine = _proc_stat(backend)
+    if mine is None or mine[0] != "postgres":
+        return None
+    postmaster = mine[1]
+    out: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == backend:
+            continue
+        stat = _proc_stat(int(entry))
+        if stat is not None and (int(entry) == postmaster or stat[1] == postmaster):
+            out[int(entry)] = stat[2]
+    return out
 
 
 class DramatiqQueue(QueueAdapter):

@@ -70,6 +70,7 @@ def _baseline(results: Sequence[Any], baseline: str | None) -> Any:
 
 def uncontended_table(results: Sequence[UncontendedResult], baseline: str | None = None) -> str:
     base = _baseline(results, baseline)
+    server = any(not math.isnan(r.server_us) for r in results)
     headers = [
         "lock",
         "acquire+release /s",
@@ -77,6 +78,7 @@ def uncontended_table(results: Sequence[UncontendedResult], baseline: str | None
         "p99 ms",
         "client CPU µs / op",
         "waiting µs / op",
+        *(["server CPU µs / op"] if server else []),
         "trials (ops/s)",
     ]
     if base is not None:
@@ -90,6 +92,7 @@ def uncontended_table(results: Sequence[UncontendedResult], baseline: str | None
             r.p99_ms,
             r.cpu_us,
             r.wait_us,
+            *([r.server_us] if server else []),
             " / ".join(f"{t:,.0f}" for t in r.trials),
         ]
         if base is not None:
@@ -102,6 +105,7 @@ def uncontended_section(
     results: Sequence[UncontendedResult], baseline: str | None = None
 ) -> list[str]:
     """The lock benchmarks' "Uncontended" section: heading, how to read it, the table."""
+    server = any(not math.isnan(r.server_us) for r in results)
     return [
         "",
         "## Uncontended acquire + release (one process)",
@@ -109,7 +113,15 @@ def uncontended_section(
         "Median of the interleaved trials; latency percentiles of the median trial. *Client "
         "CPU*: the worker process's CPU time (user and system, all its threads) per acquire + "
         "release, median of the trials; *waiting*: the rest of a cycle (1 / rate minus that), "
-        "spent on the network, the server, the disk and the scheduler.",
+        "spent on the network, the server, the disk and the scheduler"
+        + (
+            "; *server CPU*: the store's processes' CPU time (user and system) over the same "
+            "cycles, per acquire + release, median of the trials: the part of the waiting the "
+            "server spent computing (the rest is the network, the disk and the scheduler; "
+            "a server's background work, such as PostgreSQL's WAL writer, counts too)."
+            if server
+            else "."
+        ),
         "",
         uncontended_table(results, baseline),
         "",

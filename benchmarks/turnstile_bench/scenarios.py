@@ -28,6 +28,7 @@ from turnstile.demo import Webhook, arrival_schedule
 from turnstile.demo import ideal_makespan as demo_ideal_makespan
 
 from .adapters import (
+    SERVER_CPU,
     Contender,
     LockAdapter,
     QueueAdapter,
@@ -63,6 +64,9 @@ class UncontendedResult:
     # rest of a cycle (1 / ops_per_s minus this) is spent waiting: the network, the server,
     # the disk, and the scheduler.
     cpu_us: float = math.nan
+    # The store's CPU time per acquire + release (its processes, where the contender's probe
+    # reads it: adapters.SERVER_CPU), median over the trials; part of the waiting.
+    server_us: float = math.nan
 
     @property
     def wait_us(self) -> float:
@@ -70,6 +74,12 @@ class UncontendedResult:
         if not self.ops_per_s > 0:
             return math.nan
         return max(0.0, 1e6 / self.ops_per_s - self.cpu_us)
+
+
+def _per(counters: dict[str, float], grants: int) -> dict[str, float]:
+    """The store's counters per grant, for the hand-over and webhook tables (the server's
+    CPU time is reported by the uncontended table only)."""
+    return {k: v / grants for k, v in counters.items() if k != SERVER_CPU}
 
 
 def _uncontended_job(adapter: LockAdapter, args: tuple[str, int, float], go: float) -> Any:
@@ -100,6 +110,7 @@ def run_uncontended(
     ``max_seconds``); ``trials`` rounds interleaved over the contenders, median reported."""
     samples: dict[str, list[list[float]]] = {c.label: [] for c in contenders}
     cpu: dict[str, list[float]] = {c.label: [] for c in contenders}  # µs per op, by trial
+    server: dict[str, list[float]] = {c.label: [] for c in contenders}  # the same, the store's
     for trial in range(trials):
         for c in contenders:
             progress(f"  uncontended  {c.label}  trial {trial + 1}/{trials}")
@@ -110,6 +121,8 @@ def run_uncontended(
             latencies, spent = run.results[0]
             samples[c.label].append(latencies)
             cpu[c.label].append(spent / len(latencies) * 1e6)
+            if SERVER_CPU in run.counters:
+                server[c.label].append(run.counters[SERVER_CPU] / len(latencies) * 1e6)
     results = []
     for c in contenders:
         rates = [len(lat) / sum(lat) for lat in samples[c.label]]
@@ -126,6 +139,7 @@ def run_uncontended(
                 p99_ms=percentile(median_trial, 99) * 1000,
                 trials=rates,
                 cpu_us=statistics.median(cpu[c.label]),
+                server_us=statistics.median(server[c.label]) if server[c.label] else math.nan,
             )
         )
     return results
@@ -239,7 +253,7 @@ def run_handover(
                     seconds=seconds,
                     counters=run.counters,
                     per_grant=(
-                        {k: v / len(grants) for k, v in run.counters.items()} if grants else {}
+                        _per(run.counters, len(grants)) if grants else {}
                     ),
                     **metrics,
                 )
@@ -440,7 +454,7 @@ def run_webhooks(
                     vs_bound=efficiency / bound_eff,
                     failed=len(failed),
                     counters=run.counters,
-                    per_grant={k: v / len(done) for k, v in run.counters.items()} if done else {},
+                    per_grant=_per(run.counters, len(done)) if done else {},
                     errors=sorted({h.error for h in failed}),
                     **webhook_metrics(handled, fifo_tolerance),
                 )
