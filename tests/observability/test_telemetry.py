@@ -3,6 +3,7 @@ with the SDK's in-memory span exporter and metric reader, against real stores.""
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import sys
@@ -309,6 +310,33 @@ def test_api_without_providers_tracks_nothing_until_one_is_set() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_a_provider_named_in_the_environment_is_listened_to() -> None:
+    """The API's variable naming a provider to load (as ``opentelemetry-instrument`` sets
+    it): an acquire is tracked although the program set no provider in code."""
+    code = (
+        "import os\n"
+        "from turnstile._core import telemetry as t\n"
+        "assert t.acquire('x', 1) is t._NO_TRACKER\n"
+        "os.environ['OTEL_PYTHON_TRACER_PROVIDER'] = 'sdk_tracer_provider'\n"
+        "t._environment = (float('-inf'), False)  # as a second later\n"
+        "assert t.acquire('x', 1) is not t._NO_TRACKER\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+    env["OTEL_PYTHON_TRACER_PROVIDER"] = "sdk_tracer_provider"
+    result = subprocess.run(
+        [sys.executable, "-c", "from turnstile._core import telemetry as t\n"
+         "assert t.acquire('x', 1) is not t._NO_TRACKER\nprint('ok')"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert result.returncode == 0, result.stderr
 
 
 async def test_async_work_handler_runs_inside_a_process_span(backend: BackendUnderTest) -> None:

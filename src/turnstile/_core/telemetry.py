@@ -20,6 +20,8 @@ metrics have one series per name; aggregate them in the SDK's views if that is t
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from typing import Any
 
@@ -28,6 +30,8 @@ from typing import Any
 # was not called, has nobody listening and is not tracked at all (see acquire()). None: track
 # every acquire (an API that does not have them where we look).
 _PROXIES: Any = None
+# The API's modules holding the global providers (see _listened), where they are found.
+_GLOBALS: Any = None
 
 try:
     from opentelemetry import metrics as _metrics
@@ -37,11 +41,19 @@ except ImportError:  # the optional extra is not installed: every call below is 
 else:
     ENABLED = True
     try:
+        from opentelemetry.metrics import _internal as _metrics_internal
         from opentelemetry.metrics._internal import _ProxyMeterProvider
 
         _PROXIES = (_trace.ProxyTracerProvider, _ProxyMeterProvider)
     except ImportError:
         pass
+    else:
+        if hasattr(_trace, "_TRACER_PROVIDER") and hasattr(
+            _metrics_internal, "_METER_PROVIDER"
+        ):
+            # Where the API keeps the global providers it was given (None until then):
+            # reading them costs nothing, where asking for them reads the environment.
+            _GLOBALS = (_trace, _metrics_internal)
 
 SCOPE = "turnstile"
 
@@ -232,12 +244,39 @@ def _listened() -> bool:
     given to :func:`configure`, or a global tracer or meter provider the application set (in
     code or by the API's environment variables). With neither, the spans and data points
     would go to the API's no-op implementation: the operation then skips them, and costs
-    what it costs without OpenTelemetry installed."""
+    what it costs without OpenTelemetry installed.
+
+    Asked at every acquire, so it answers the common case without asking the API: no global
+    provider set yet (read from where the API keeps them) and neither of the API's variables
+    naming one in the environment (read at most once a second)."""
     if _given or _PROXIES is None:
         return True
+    found = _GLOBALS
+    if (
+        found is not None
+        and found[0]._TRACER_PROVIDER is None
+        and found[1]._METER_PROVIDER is None
+        and not _named_in_environment()
+    ):
+        return False
     return not isinstance(_trace.get_tracer_provider(), _PROXIES[0]) or not isinstance(
         _metrics.get_meter_provider(), _PROXIES[1]
     )
+
+
+# The API's variables that name a provider to load (read by its get_*_provider()).
+_PROVIDER_VARIABLES = ("OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER")
+_environment: tuple[float, bool] = (-math.inf, False)  # (read at, whether one is set)
+
+
+def _named_in_environment() -> bool:
+    global _environment
+    now = time.monotonic()
+    read_at, named = _environment
+    if now - read_at >= 1.0:
+        named = any(v in os.environ for v in _PROVIDER_VARIABLES)
+        _environment = (now, named)
+    return named
 
 
 def acquire(name: str, limit: int) -> AcquireTracker | _NoTracker:

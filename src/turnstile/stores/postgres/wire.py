@@ -154,16 +154,16 @@ def dump(value: Any) -> bytes | None:
 
 
 def values(statement: Statement, params: dict[str, Any]) -> list[bytes | None]:
-    """The parameters of one call, in ``$n`` order: :func:`dump` of each, with NULL and
-    strings (most of every call's parameters) written inline."""
+    """The parameters of one call, in ``$n`` order: :func:`dump` of each, each plain type's
+    writer looked up at once (NULL written inline)."""
     out: list[bytes | None] = []
     append = out.append
+    writers = _WRITERS
     for name in statement.params:
         value = params[name]
         if value is None:
             append(None)
-        elif type(value) is str:
-            append(_text(value))
-        else:
-            append(dump(value))
+            continue
+        writer = writers.get(type(value))
+        append(dump(value) if writer is None else writer(value))
     return out
