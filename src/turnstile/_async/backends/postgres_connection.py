@@ -136,8 +136,7 @@ class AsyncPostgresConnection:
                     f"the PostgreSQL client for {self.config.display!r} is closed"
                 )
             try:
-                wait = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
-                conn = await self._take(wait)
+                conn = await self._take(deadline)
                 try:
                     self.statements += 1
                     prepare = self.preparing and misses < MISSES_PER_CALL
@@ -236,15 +235,17 @@ class AsyncPostgresConnection:
                 self.prepare_misses,
             )
 
-    async def _take(self, timeout: float) -> Any:
+    async def _take(self, deadline: float) -> Any:
         """A connection for one statement: a spare one if there is, else from the pool
-        (:meth:`_getconn`). The pool's own checkout and return cost about as much client CPU
-        as the statement's send and receive; a spare costs a list pop."""
+        (:meth:`_getconn`), waiting for it until ``deadline`` (monotonic) but at least 0.2 s
+        and at most ``connect_timeout``. The pool's own checkout and return cost about as
+        much client CPU as the statement's send and receive; a spare costs a list pop."""
         with self._spare_lock:
             if self._spare:
                 return self._spare.pop()
             self._pool_waiters += 1
         try:
+            timeout = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
             return await self._getconn(timeout)
         finally:
             with self._spare_lock:
@@ -281,7 +282,7 @@ class AsyncPostgresConnection:
         """One of this client's connections, for tests and tools that must run something on
         the very connection statements use."""
         await self.check_fork()
-        conn = await self._take(self.config.connect_timeout)
+        conn = await self._take(time.monotonic() + self.config.connect_timeout)
         try:
             yield conn
         finally:

@@ -137,8 +137,7 @@ class PostgresConnection:
                     f"the PostgreSQL client for {self.config.display!r} is closed"
                 )
             try:
-                wait = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
-                conn = self._take(wait)
+                conn = self._take(deadline)
                 try:
                     self.statements += 1
                     prepare = self.preparing and misses < MISSES_PER_CALL
@@ -237,15 +236,17 @@ class PostgresConnection:
                 self.prepare_misses,
             )
 
-    def _take(self, timeout: float) -> Any:
+    def _take(self, deadline: float) -> Any:
         """A connection for one statement: a spare one if there is, else from the pool
-        (:meth:`_getconn`). The pool's own checkout and return cost about as much client CPU
-        as the statement's send and receive; a spare costs a list pop."""
+        (:meth:`_getconn`), waiting for it until ``deadline`` (monotonic) but at least 0.2 s
+        and at most ``connect_timeout``. The pool's own checkout and return cost about as
+        much client CPU as the statement's send and receive; a spare costs a list pop."""
         with self._spare_lock:
             if self._spare:
                 return self._spare.pop()
             self._pool_waiters += 1
         try:
+            timeout = min(max(deadline - time.monotonic(), 0.2), self.config.connect_timeout)
             return self._getconn(timeout)
         finally:
             with self._spare_lock:
@@ -282,7 +283,7 @@ class PostgresConnection:
         """One of this client's connections, for tests and tools that must run something on
         the very connection statements use."""
         self.check_fork()
-        conn = self._take(self.config.connect_timeout)
+        conn = self._take(time.monotonic() + self.config.connect_timeout)
         try:
             yield conn
         finally:
