@@ -367,6 +367,29 @@ def test_a_name_idle_at_its_last_acquires_is_granted_by_the_bare_update(pg_url: 
         two.close()
 
 
+def test_a_fast_grants_times_are_the_functions(pg_url: str) -> None:
+    """The fast paths answer a grant's times with date_part('epoch', ...) (queries.sql), the
+    functions with extract(epoch ...): the same floats, to the last bit, whichever answered
+    (acquire_fresh, acquire_fast, acquire_idle), as status reads them back."""
+    from turnstile._sync.backends.postgres import IDLE_STREAK
+
+    client = turnstile.connect(f"{pg_url}&prepare=on")
+    backend: Any = client.backend
+    try:
+        for _ in range(IDLE_STREAK + 2):
+            g = backend.acquire("t", "h1", limit=1, ttl=LONG, wait_ttl=LONG, enqueue=True)
+            assert g.grant is not None
+            (held,) = client.lock("t").status().holders
+            assert (held.token, held.acquired_at, held.expires_at) == (
+                g.grant.token, g.grant.acquired_at, g.grant.expires_at
+            )
+            assert g.now == g.grant.acquired_at
+            assert backend.release("t", "h1", g.grant.token)
+        assert backend._known["t"] == IDLE_STREAK  # the last ones went by acquire_idle
+    finally:
+        client.close()
+
+
 def test_acquire_idle_is_acquire_fasts_update() -> None:
     """acquire_idle and acquire_fast share their UPDATE (queries.sql's FAST_GRANT part), and
     acquire_fresh's ON CONFLICT branch repeats its SET. They must grant alike."""
