@@ -366,6 +366,18 @@ def test_webhook_metrics() -> None:
     assert m["order_gap_p50_ms"] == pytest.approx(0.0)
 
 
+def test_server_cpu_is_counted_per_process_and_never_negative() -> None:
+    from turnstile_bench.adapters import cpu_since
+
+    before = {10: 1.0, 11: 2.0, 12: 5.0}
+    # 10 ran 0.5 s more, 11 ended (left out), 13 started (all of its 0.25 s), 12's pid now
+    # belongs to a new process with less CPU than the old one had (counted from 0).
+    now = {10: 1.5, 12: 0.125, 13: 0.25}
+    assert cpu_since(before, now) == 0.5 + 0.125 + 0.25
+    assert cpu_since({}, {}) == 0.0
+    assert cpu_since(now, now) == 0.0
+
+
 def test_markdown_and_json() -> None:
     table = h.markdown_table(["lock", "x"], [["a", 1.234], ["b", math.nan]])
     assert table.splitlines() == ["| lock | x |", "|---|---:|", "| a | 1.23 |", "| b | - |"]

@@ -797,13 +797,25 @@ class TransactionCounter:
         self.calls += 1
         out = {"transactions": float(xid - self.calls)}
         if cpu is not None:
-            self._cpu_total += sum(t - self._cpu.get(pid, 0.0) for pid, t in cpu.items())
+            self._cpu_total += cpu_since(self._cpu, cpu)
             self._cpu = cpu
             out[SERVER_CPU] = self._cpu_total
         return out
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_since(before: Mapping[int, float], now: Mapping[int, float]) -> float:
+    """CPU seconds the processes of ``now`` (pid -> CPU seconds so far) spent since the
+    reading ``before``: a process in both counts its difference, one that started since
+    counts all of its time, one that ended since is left out (its last stretch is lost,
+    never counted negative). A pid reused by a new process with less CPU counts from 0."""
+    total = 0.0
+    for pid, spent in now.items():
+        earlier = before.get(pid, 0.0)
+        total += spent - earlier if spent >= earlier else spent
+    return total
 
 
 def _proc_stat(pid: int) -> tuple[str, int, float] | None:
