@@ -62,13 +62,13 @@ from turnstile_bench import (
     percentile,
     run_workers,
 )
+from turnstile_bench.adapters import cluster_cpu
 from turnstile_bench.plots import Figure
 from turnstile_bench.servers import Unavailable, _starter, own_redis, scratch_folder
 from turnstile_bench.workers import progress
 
 from turnstile._core.urls import redact
 
-TICK = os.sysconf("SC_CLK_TCK")
 TTL = 600.0
 
 
@@ -141,26 +141,6 @@ class RedisMeter(Meter):
             c.close()
 
 
-def _proc_cpu(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in fields[11:13])  # utime, stime
-    return total / TICK
-
-
-def _children(parent: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == parent:
-                    out.append(int(entry.name))
-    return out
-
-
 class PostgresMeter(Meter):
     def __init__(self, server: str, schema: str, data: Path | None) -> None:
         import psycopg
@@ -168,8 +148,6 @@ class PostgresMeter(Meter):
         self.conn = psycopg.connect(server, autocommit=True)
         self.schema = schema
         self.data = data
-        self.exited_cpu = 0.0
-        self.seen: dict[int, float] = {}
 
     def _tables(self) -> list[str]:
         rows = self.conn.execute(
@@ -211,7 +189,7 @@ class PostgresMeter(Meter):
         if self.data is None:
             return float("nan")
         postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
-        return _proc_cpu([postmaster, *_children(postmaster)])
+        return sum(cluster_cpu(postmaster).values())
 
     def close(self) -> None:
         self.conn.close()

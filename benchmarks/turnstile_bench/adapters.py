@@ -838,22 +838,28 @@ def _proc_stat(pid: int) -> tuple[str, int, float] | None:
     return head.partition("(")[2], int(fields[1]), cpu
 
 
-def _cluster_cpu(backend: int) -> dict[int, float] | None:
-    """CPU seconds of each process of the PostgreSQL cluster that ``backend`` (a backend's
-    pid) belongs to, without ``backend`` itself; None when the server is not on this machine
-    (no such postgres process here)."""
-    mine = _proc_stat(backend)
-    if mine is None or mine[0] != "postgres":
-        return None
-    postmaster = mine[1]
+def cluster_cpu(postmaster: int, without: int | None = None) -> dict[int, float]:
+    """CPU seconds of each process of the PostgreSQL cluster whose postmaster is
+    ``postmaster`` (pid): the postmaster and its children (backends, the WAL writer, the
+    checkpointer, ...), except ``without``."""
     out: dict[int, float] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == backend:
+        if not entry.isdigit() or int(entry) == without:
             continue
         stat = _proc_stat(int(entry))
         if stat is not None and (int(entry) == postmaster or stat[1] == postmaster):
             out[int(entry)] = stat[2]
     return out
+
+
+def _cluster_cpu(backend: int) -> dict[int, float] | None:
+    """:func:`cluster_cpu` of the cluster that ``backend`` (a backend's pid) belongs to,
+    without ``backend`` itself; None when the server is not on this machine (no such
+    postgres process here)."""
+    mine = _proc_stat(backend)
+    if mine is None or mine[0] != "postgres":
+        return None
+    return cluster_cpu(mine[1], without=backend)
 
 
 class DramatiqQueue(QueueAdapter):
