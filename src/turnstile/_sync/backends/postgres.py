@@ -55,6 +55,9 @@ from .wakeups import WakeMarks
 IDLE_STREAK = 4
 # How many names a client remembers having acquired (PostgresBackend._known).
 KNOWN_MAX = 4096
+# The columns of acquire_idle's answer (queries.sql): a fast grant's token and times, and
+# the relaxed setting's column.
+IDLE_COLUMNS = 4
 
 if TYPE_CHECKING:
     # Made by the shared connection: the lock and queue modules never import each other.
@@ -222,6 +225,11 @@ class PostgresBackend:
             if row is None:
                 params["wake"] = pg.wake_key(name, holder) if channel else None
                 row = self._run(self._acquire_call, params, "acquire")
+            elif len(row) == IDLE_COLUMNS:
+                # A fast grant, of which the statement returns the token and times only (a
+                # connection that stopped preparing sent the function instead: a whole row).
+                token, acquired_at, expires_at = row[:3]
+                row = (True, token, acquired_at, expires_at, None, acquired_at, None, None, True)
         else:
             params["wake"] = pg.wake_key(name, holder) if channel else None
             statement = self._q["acquire_fast" if streak is not None else "acquire_fresh"]

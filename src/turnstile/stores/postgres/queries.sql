@@ -115,15 +115,14 @@ WHERE __RELAXED__
 -- WITH and UNION ALL, whose plan (a CTE scan and a function scan set up at every call) cost
 -- more server time than the UPDATE itself: on an idle name this is the cheapest statement
 -- that grants; on a busy one it costs a round trip more, so the client sends it only where
--- its last acquire found the name idle. The last column, fast, is true: the grant is a
--- fast grant (acquire_fast and acquire_fresh say which branch answered). __RELAXED__: see
--- acquire_fast; here a filter on the row the UPDATE changes.
-__FAST_GRANT__ AND __RELAXED__
-RETURNING true AS granted, n.last_token AS token,
-          date_part('epoch', n.h_acquired) AS acquired_at,
-          date_part('epoch', n.h_expires) AS expires_at,
-          NULL::integer AS queue_position, date_part('epoch', n.h_acquired) AS now,
-          NULL::float8 AS retry_after, NULL::bigint AS wait_id, true AS fast
+-- its last acquire found the name idle. It returns only what a fast grant does not already
+-- say (the token and the lease's times; the client fills in the rest of a grant's row):
+-- each column is an expression set up at every execution. __RELAXED__: see acquire_fast;
+-- here in the RETURNING, evaluated once for the row the UPDATE changed (in the WHERE clause
+-- it would be evaluated for every idle row a sequential scan of a small table reads).
+__FAST_GRANT__
+RETURNING n.last_token AS token, date_part('epoch', n.h_acquired) AS acquired_at,
+          date_part('epoch', n.h_expires) AS expires_at, __RELAXED__ AS relaxed
 
 -- name: acquire_fresh
 -- With prepare=on: acquire_fast for a name this client has not acquired lately (it may have
@@ -178,8 +177,10 @@ WHERE __RELAXED__
 -- last acquires by this client (the same hint as acquire_idle): frees the name when the
 -- caller is its fast holder and returns released; otherwise changes nothing and returns no
 -- row, and the client then calls release (the function). Without release_fast's WITH and
--- UNION ALL, which cost more server time than the UPDATE. __RELAXED__: see acquire_idle.
-__FAST_FREE__ AND __RELAXED__
+-- UNION ALL, which cost more server time than the UPDATE. With durability=relaxed, the
+-- __UNFLUSHED__ setting in the RETURNING is the relaxed one (no filter in the WHERE clause,
+-- which a sequential scan would evaluate for every row it reads).
+__FAST_FREE__
 RETURNING __UNFLUSHED__ n.h_expires > coalesce(%(now)s::timestamptz, clock_timestamp())
           AS released
 

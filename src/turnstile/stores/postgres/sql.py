@@ -90,7 +90,9 @@ UNPREPARED = {
     "release_idle": "release",
 }
 # Where a statement that cannot be wrapped in the "relaxed" query puts the setting: a filter
-# on the one row it returns, so it is evaluated exactly once, in the statement's transaction.
+# on the one row it returns, or a column of it, so it is evaluated exactly once, in the
+# statement's transaction (never in a WHERE clause that a sequential scan would evaluate on
+# every row it reads: on a small table the planner scans rather than use the key's index).
 RELAXED_MARK = "__RELAXED__"
 RELAXED_FILTER = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
 # A release that frees an idle name (the fast holder's, queries.sql FAST_FREE: nobody else
@@ -100,7 +102,9 @@ RELAXED_FILTER = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
 # holding it; any later durable commit (the next grant, on any name) flushes it first. The
 # setting goes in the RETURNING of the UPDATE that frees the name, evaluated only for the
 # row it changed, so the release function behind it (which may grant a waiter) never runs
-# with it. See docs/postgres.md, "Durability".
+# with it. See docs/postgres.md, "Durability". With durability=relaxed the same setting is
+# the relaxed one: a statement with this mark and no RELAXED_MARK (release_idle, which
+# frees the name or changes nothing) is relaxed by it alone.
 UNFLUSHED_MARK = "__UNFLUSHED__"
 UNFLUSHED_TEST = "set_config('synchronous_commit', 'off', true) IS NOT NULL AND"
 
@@ -309,15 +313,15 @@ class PostgresConfig:
         return self.query(name)
 
     def query(self, name: str) -> str:
-        text = QUERIES[name].replace(
-            UNFLUSHED_MARK, "" if self.durability == "strict" else UNFLUSHED_TEST
-        )
+        text = QUERIES[name]
+        unflushed = UNFLUSHED_MARK in text and self.durability != "strict"
+        text = text.replace(UNFLUSHED_MARK, UNFLUSHED_TEST if unflushed else "")
         if RELAXED_MARK in text:
             # A statement with a data-modifying WITH (acquire, release) cannot be wrapped:
             # it says where the relaxed setting goes.
             relaxed = self.relaxed and name in RELAXABLE
             text = text.replace(RELAXED_MARK, RELAXED_FILTER if relaxed else "true")
-        elif self.relaxed and name in RELAXABLE:
+        elif self.relaxed and name in RELAXABLE and not unflushed:
             text = QUERIES["relaxed"].replace("__QUERY__", text)
         return render(text, self.schema)
 
