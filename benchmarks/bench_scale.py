@@ -20,8 +20,9 @@ For every store, through ``turnstile.aio`` in this one process:
   joins at the back, so the line stays W long. Reported per hand-over: latency (release +
   claim) p50/p99 and store work (Redis commands, scripts' inner commands included;
   PostgreSQL transactions and tuples written). Memory per waiting entry: Redis ``MEMORY
-  USAGE`` of the name's keys, PostgreSQL ``pg_total_relation_size`` of the schema's tables,
-  SQLite pages in use, after the line formed minus before, divided by W.
+  USAGE`` of the name's keys, PostgreSQL the pages holding live rows of the schema's tables
+  plus their indexes and TOAST, SQLite pages in use, after the line formed minus before,
+  divided by W.
 * **Held names**: H names held at once (bytes per held name, the same way), then released.
 * **Names used once**: U names each acquired and released once (``--concurrency`` at a
   time); ops/s and ops per CPU-second of the server (Redis ``INFO cpu``; PostgreSQL: every
@@ -171,10 +172,22 @@ class PostgresMeter(Meter):
         return {"PostgreSQL transactions": float(xid), "rows written": float(tup)}
 
     def memory(self) -> float:
-        return float(sum(
-            self.conn.execute("SELECT pg_total_relation_size(%s)",
-                              (f'"{self.schema}"."{t}"',)).fetchone()[0]  # type: ignore[index]
-            for t in self._tables()))
+        # The pages that hold a live row of each table (a page with one live row counts
+        # whole, so fillfactor's free space and dead rows beside live ones are in), plus
+        # the table's indexes and TOAST. Not the table files' sizes: a names table keeps
+        # empty pages from its creation (schema version 19, so that the planner reads it
+        # through the key's index), and names held in them would not grow the file.
+        total = 0
+        for t in self._tables():
+            ident = f'"{self.schema}"."{t}"'
+            row = self.conn.execute(
+                "SELECT (SELECT count(DISTINCT (ctid::text::point)[0]) FROM " + ident + ")"
+                " * current_setting('block_size')::bigint + pg_indexes_size(c.oid)"
+                " + coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0)"
+                " FROM pg_class c WHERE c.oid = %s::regclass", (ident,)
+            ).fetchone()
+            total += int(row[0])  # type: ignore[index]
+        return float(total)
 
     def _count(self, table: str) -> int:
         return int(self.conn.execute(f'SELECT count(*) FROM "{self.schema}"."{table}"')

@@ -444,6 +444,43 @@ def test_a_wrong_name_key_only_misses(pg_url: str) -> None:
         client.close()
 
 
+def test_a_small_names_table_is_read_through_the_keys_index(pg_url: str) -> None:
+    """Schema version 19 keeps the names table's file at a few dozen pages (padding rows
+    written and deleted, vacuum_truncate off): with only five names and fresh statistics the
+    planner still finds a name by the key's index in the fast statements and the functions'
+    key lookup, instead of reading every row (its choice on a file of a few pages)."""
+    client = turnstile.connect(f"{pg_url}&prepare=on")
+    backend: Any = client.backend
+    try:
+        for i in range(5):
+            lease = client.lock(f"small-{i}", ttl=LONG).acquire(holder="h")
+            lease.release()
+        ident = pg.quote_ident(backend.config.schema)
+        with psycopg.connect(backend.config.conninfo, autocommit=True) as conn:
+            conn.execute(f"VACUUM ANALYZE {ident}.names")
+            pages = conn.execute(
+                f"SELECT pg_relation_size('{ident}.names') / current_setting('block_size')::int"
+            ).fetchone()
+            live = conn.execute(f"SELECT count(*) FROM {ident}.names").fetchone()
+            assert pages is not None and pages[0] >= 16
+            assert live == (5,)  # the padding rows are gone, their pages are not
+            cur = psycopg.ClientCursor(conn)
+            grant = {"name": "small-1", "name_key": pg.name_key("small-1"), "holder": "x",
+                     "limit": 1, "ttl": LONG, "now": None, "key": None, "per_key": None}
+            free = {"name": "small-1", "name_key": pg.name_key("small-1"), "holder": "x",
+                    "token": 1, "now": None}
+            lookup = f"SELECT id FROM {ident}.names WHERE key = %(name_key)s::bytea"
+            for text, params in [
+                (backend._q["acquire_idle"], grant),
+                (backend._q["release_idle"], free),
+                (lookup, grant),
+            ]:
+                plan = "\n".join(r[0] for r in cur.execute(f"EXPLAIN {text}", params))
+                assert "Index Scan" in plan and "Seq Scan" not in plan, plan
+    finally:
+        client.close()
+
+
 def test_release_idle_is_release_fasts_update() -> None:
     """release_idle and release_fast share their UPDATE (queries.sql's FAST_FREE part) and
     return the same column. They must free alike."""
