@@ -220,6 +220,10 @@ def cmd_test(args: list[str]) -> int:
     run([str(PY), "-m", "mypy"], cwd=ROOT)
     with test_servers():
         pytest = [str(PY), "-m", "pytest", "-p", "no:cacheprovider", "-ra", *parallel_args(args)]
+        if not any(a.startswith("--durations") for a in args):
+            # The slowest tests, at the end of every run (CI's log included): where the
+            # suite's time goes, for keeping it well under CI's limit.
+            pytest.append("--durations=25")
         pytest += args
         log(" ".join(pytest[1:]))
         proc = subprocess.Popen(pytest, cwd=ROOT, env=os.environ)
